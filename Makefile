@@ -1,0 +1,33 @@
+# One-command setup: `make run` and `make test` create .venv and install everything when missing.
+PY ?= python3.11
+VARIANT := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+VENV := .venv
+STAMP := $(VENV)/.installed-$(VARIANT)
+export TMPDIR := $(CURDIR)/.tmp
+export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test test-unit run lint clean
+
+$(STAMP): pyproject.toml requirements/common.txt requirements/$(VARIANT).txt scripts/install.sh
+	@mkdir -p $(TMPDIR)
+	PYTHON=$(PY) bash scripts/install.sh $(VARIANT)
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest tests -q -ra --durations=15
+
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest tests/unit -q
+
+run: $(STAMP)
+	$(VENV)/bin/rollart train configs/quickstart.yaml
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .tmp .cache runs

@@ -1,0 +1,237 @@
+"""The experiment config: typed pydantic models, YAML loading, `--set a.b=c` overrides.
+
+A bad config fails at load with one line per problem naming the field path, e.g.
+`train.lr: Input should be greater than 0`. `ExperimentConfig.model_dump()` is the resolved form.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.envs.registry import ENV_NAMES
+from engine.types import Profile
+
+PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
+Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. `problems` holds one `path: message` line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str | None = Field(None, description="HF model directory; None = build one with `init_size`")
+    init_size: Literal["tiny", "small"] = "tiny"
+    init_seed: int = 0
+    max_context: int = Field(1024, gt=0, description="tokens; a trajectory reaching it is truncated")
+
+
+class TaskConfig(_Strict):
+    name: str = ""  # label in metrics; defaults to env (+ a distinguishing arg)
+    env: str
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    weight: float = Field(1.0, gt=0)
+    group_size: int = Field(8, ge=2, description="G: GRPO group size")
+    max_turns: int = Field(10, ge=1)
+    max_tokens: int = Field(16, ge=1, description="generation budget per turn")
+    profile: Profile = Profile.PREFILL_HEAVY
+    eval_seeds: list[int] = Field(default_factory=list, description="held-out seeds for evaluation")
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, v: str) -> str:
+        if v not in ENV_NAMES:
+            near = difflib.get_close_matches(v, ENV_NAMES, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ValueError(f"unknown environment '{v}'{hint}; known: {', '.join(ENV_NAMES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_name(self) -> TaskConfig:
+        if not self.name:
+            arg = self.env_args.get("dataset") or self.env_args.get("game_id")
+            self.name = f"{self.env}/{arg}" if arg else self.env
+        return self
+
+
+class RolloutConfig(_Strict):
+    concurrency: int = Field(32, ge=1, description="E: environments kept busy at once")
+    redundancy: int = Field(0, ge=0, description="r: extra members started per GRPO group")
+    granularity: Literal["trajectory", "batch"] = "trajectory"
+    temperature: float = Field(1.0, ge=0)
+    env_timeout_s: float = Field(60.0, gt=0)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(20, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    batch_groups: int = Field(4, ge=1, description="GRPO groups per training step")
+    micro_batch: int = Field(16, ge=1)
+    alpha: int = Field(1, ge=0, description="staleness bound: train only on samples started at >= n - alpha")
+    mode: Mode = "rollart"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_beta: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    checkpoint_every: int = Field(10, ge=1)
+    seed: int = 0
+
+
+class PoolConfig(_Strict):
+    name: str
+    kind: PoolKind
+    capacity: int = Field(1, ge=0, description="units (GPUs, CPU slots, serverless concurrency)")
+    device: str | None = Field(None, description="device profile for modelled backends, e.g. H800")
+
+
+class RoleConfig(_Strict):
+    count: int = Field(1, ge=0)
+    pool: str = Field(description="preferred pool name")
+    units: int = Field(1, ge=1, description="pool units per worker")
+
+
+class ResourcesConfig(_Strict):
+    pools: list[PoolConfig] = Field(
+        default_factory=lambda: [
+            PoolConfig(name="compute", kind="gpu-compute", capacity=1),
+            PoolConfig(name="bandwidth", kind="gpu-bandwidth", capacity=1),
+            PoolConfig(name="cpu", kind="cpu", capacity=8),
+            PoolConfig(name="serverless", kind="serverless", capacity=4),
+        ]
+    )
+    roles: dict[Literal["actor_train", "actor_gen", "reward", "environment"], RoleConfig] = Field(
+        default_factory=lambda: {
+            "actor_train": RoleConfig(pool="compute"),
+            "actor_gen": RoleConfig(pool="bandwidth"),
+            "reward": RoleConfig(pool="cpu"),
+        }
+    )
+
+    @model_validator(mode="after")
+    def _roles_name_pools(self) -> ResourcesConfig:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate pool names: {', '.join(dupes)}")
+        for role, rc in self.roles.items():
+            if rc.pool not in names:
+                raise ValueError(f"roles.{role}.pool: unknown pool '{rc.pool}'; pools: {', '.join(names)}")
+        return self
+
+
+class BackendsConfig(_Strict):
+    generation: Literal["vllm", "hf", "modelled"] = "vllm"
+    training: Literal["torch", "megatron"] = "torch"
+    weight_store: Literal["mooncake", "ray"] = "mooncake"
+    metadata_url: str = Field("sqlite:///{run_dir}/metadata.db", description="any SQLAlchemy URL")
+    checkpoint_uri: str = Field("{run_dir}/checkpoints", description="local dir or s3://bucket/prefix")
+    s3_endpoint_url: str | None = None
+    sandbox: Literal["bwrap", "process"] = "bwrap"
+    serverless: Literal["ray-serve", "lambda"] = "ray-serve"
+
+
+class ExperimentConfig(_Strict):
+    name: str = Field("rollart", pattern=r"^[A-Za-z0-9_.-]+$")
+    run_root: str = "runs"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: list[TaskConfig] = Field(min_length=1)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    backends: BackendsConfig = Field(default_factory=BackendsConfig)
+
+    @model_validator(mode="after")
+    def _unique_task_names(self) -> ExperimentConfig:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate task names: {', '.join(dupes)} (set tasks[i].name)")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run_root) / self.name
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def format_errors(err: ValidationError) -> list[str]:
+    """One `field.path: message` line per problem (model-level problems carry their own path)."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{_path(e['loc'])}: {msg}" if e["loc"] else msg)
+    return lines
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=c` / `tasks.0.weight=2` overrides; values are parsed as YAML scalars or lists."""
+    data = copy.deepcopy(data)
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(f"--set {item}: expected KEY=VALUE, e.g. train.lr=1e-4")
+            continue
+        node: Any = data
+        parts = key.split(".")
+        try:
+            for part in parts[:-1]:
+                node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+            last = parts[-1]
+            value = yaml.safe_load(raw) if raw else ""
+            if isinstance(node, list):
+                node[int(last)] = value
+            elif isinstance(node, dict):
+                node[last] = value
+            else:
+                raise TypeError
+        except (ValueError, IndexError, TypeError, KeyError, yaml.YAMLError):
+            problems.append(f"{key}: cannot set this path (no such list item or not a mapping)")
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, data: dict[str, Any] | None = None
+) -> ExperimentConfig:
+    """Load YAML (or a dict), apply overrides, validate. Raises ConfigError listing every problem."""
+    if data is None:
+        p = Path(path) if path is not None else None
+        if p is None or not p.is_file():
+            raise ConfigError([f"config file not found: {p}"])
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError([f"{p}: not valid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(["config: the top level must be a mapping of sections (model, tasks, train, ...)"])
+    data = apply_overrides(data, overrides or [])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None

@@ -1,0 +1,226 @@
+"""Cluster: spawns one role's workers as Ray actors where the ResourceManager bound them, and binds
+each decorated Worker method onto itself so `cluster.method(...)` dispatches as declared.
+
+`cluster.m(...)` blocks and returns the result(s); `await cluster.m.aio(...)` is the async form.
+A worker found dead (by `check()` or by a failed call) is rebound and respawned; the failed call is
+retried once on the replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from engine.config import RoleConfig
+from engine.core.decorators import DispatchSpec, dispatch_spec
+from engine.core.resources import COMPATIBLE, ResourceManager, pool_kind_for_tag, ray_resource
+from engine.core.worker import Worker
+from infra.metadata import BindingRow
+from infra.serverless import ServerlessClient
+
+
+@dataclass
+class WorkerHandle:
+    rank: int
+    actor: Any  # ray.actor.ActorHandle
+    binding: BindingRow
+    kind: str
+    outstanding: int = 0
+    calls: int = 0  # calls routed here so far: ties go to the least used (spreads load)
+
+
+class Cluster:
+    def __init__(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        rm: ResourceManager,
+        role: RoleConfig,
+        worker_config: dict[str, Any] | None = None,
+        serverless_urls: dict[str, str] | None = None,
+        serverless_token: str | None = None,
+        max_concurrency: int = 1,
+        namespace: str | None = None,
+    ):
+        if not ray.is_initialized():
+            raise RuntimeError("Cluster needs Ray: call ray.init(resources=rm.ray_resources) first")
+        self.name = name
+        self.worker_cls = worker_cls
+        self.rm = rm
+        self.role = role
+        self.worker_config = worker_config or {}
+        self.max_concurrency = max_concurrency
+        self.namespace = namespace
+        self.serverless = {
+            k: ServerlessClient(u, token=serverless_token) for k, u in (serverless_urls or {}).items()
+        }
+        self.routes: Counter[str] = Counter()  # pool -> hw_mapping calls sent there
+        self.fallback_calls = 0
+        self.restarts = 0
+        self.workers = self._spawn(
+            [
+                (rank, rm.bind(self._wname(rank), worker_cls.role.value, role.pool, role.units))
+                for rank in range(role.count)
+            ]
+        )
+        for attr in dir(worker_cls):
+            spec = dispatch_spec(getattr(worker_cls, attr, None))
+            if spec is not None:
+                setattr(self, attr, _BoundMethod(self, attr, spec))
+
+    def _wname(self, rank: int) -> str:
+        return f"{self.name}-{rank}"
+
+    def _spawn(self, bound: list[tuple[int, BindingRow]]) -> list[WorkerHandle]:
+        """Start one actor per (rank, binding) at once, then record where each landed."""
+        for _, b in bound:
+            res, have = ray_resource(b.pool), ray.cluster_resources().get(ray_resource(b.pool), 0)
+            if have < b.units:
+                for _, other in bound:
+                    self.rm.release(other)
+                raise RuntimeError(
+                    f"Ray cluster has {have} of resource '{res}' (pool {b.pool}) but a worker "
+                    f"needs {b.units}: start Ray with resources=rm.ray_resources"
+                )
+        actors = [
+            ray.remote(self.worker_cls)
+            .options(
+                resources={ray_resource(b.pool): b.units},
+                num_cpus=0,
+                max_concurrency=self.max_concurrency,
+                namespace=self.namespace,
+            )
+            .remote(
+                self._wname(rank), rank, self.role.count, b.pool, self.rm.kind(b.pool), self.worker_config
+            )
+            for rank, b in bound
+        ]
+        infos = ray.get([a.ping.remote() for a in actors])
+        for (_, b), info in zip(bound, infos, strict=True):
+            self.rm.store.set_binding(b.id, node=info["node"])
+        return [
+            WorkerHandle(rank, a, b, self.rm.kind(b.pool)) for (rank, b), a in zip(bound, actors, strict=True)
+        ]
+
+    # liveness ------------------------------------------------------------------------------------
+    def _replace(self, w: WorkerHandle) -> WorkerHandle:
+        ray.kill(w.actor, no_restart=True)
+        [new] = self._spawn([(w.rank, self.rm.rebind(w.binding))])
+        self.workers[w.rank] = new
+        self.restarts += 1
+        return new
+
+    def check(self) -> int:
+        """Ping every worker; rebind and respawn dead ones. Returns how many were replaced."""
+        dead = []
+        for w in self.workers:
+            try:
+                ray.get(w.actor.ping.remote(), timeout=30)
+            except RayActorError:
+                dead.append(w)
+        for w in dead:
+            self._replace(w)
+        return len(dead)
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w.actor, no_restart=True)
+            self.rm.release(w.binding)
+        self.workers = []
+
+    # routing -------------------------------------------------------------------------------------
+    def pick(self, tag: str) -> WorkerHandle:
+        """hw_mapping: least-loaded free worker of the matching kind, else of a compatible kind,
+        else (everything busy) the least-loaded matching worker, which queues the call."""
+        want = pool_kind_for_tag(tag)
+        matching = [w for w in self.workers if w.kind == want]
+        for kind in COMPATIBLE[want]:
+            free = [w for w in self.workers if w.kind == kind and w.outstanding < self.max_concurrency]
+            if free:
+                chosen = min(free, key=lambda w: (w.outstanding, w.calls))
+                self.fallback_calls += kind != want
+                return chosen
+        pool = matching or [w for w in self.workers if w.kind in COMPATIBLE[want]]
+        if not pool:
+            raise RuntimeError(f"{self.name}: no worker on hardware compatible with '{tag}' ({want})")
+        return min(pool, key=lambda w: (w.outstanding, w.calls))
+
+    def targets(self, spec: DispatchSpec, kwargs: dict[str, Any]) -> list[WorkerHandle]:
+        if spec.kind == "all":
+            return list(self.workers)
+        if spec.tag_name not in kwargs:
+            raise TypeError(f"{self.name}: hw_mapping call needs the keyword argument '{spec.tag_name}'")
+        w = self.pick(kwargs[spec.tag_name])
+        self.routes[w.binding.pool] += 1
+        w.calls += 1
+        return [w]
+
+
+class _BoundMethod:
+    def __init__(self, cluster: Cluster, method: str, spec: DispatchSpec):
+        self.cluster, self.method, self.spec = cluster, method, spec
+
+    def _serverless(self) -> ServerlessClient:
+        client = self.cluster.serverless.get(self.spec.endpoint)
+        if client is None:
+            raise RuntimeError(
+                f"{self.cluster.name}.{self.method}: no URL for serverless endpoint "
+                f"'{self.spec.endpoint}' (pass serverless_urls)"
+            )
+        return client
+
+    def _result(self, results: list[Any]) -> Any:
+        return results if self.spec.kind == "all" else results[0]
+
+    def _begin(self, kwargs: dict[str, Any]) -> list[WorkerHandle]:
+        targets = self.cluster.targets(self.spec, kwargs)
+        for w in targets:
+            w.outstanding += 1
+        return targets
+
+    def _end(self, targets: list[WorkerHandle]) -> None:
+        for w in targets:
+            w.outstanding -= 1
+
+    def _send(self, targets: list[WorkerHandle], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        return [getattr(w.actor, self.method).remote(*args, **kwargs) for w in targets]
+
+    def _recover(self, targets: list[WorkerHandle]) -> list[WorkerHandle]:
+        """A target died: replace the dead ones (once, even if several calls saw it) for a retry."""
+        c = self.cluster
+        for w in targets:
+            if c.workers[w.rank] is w:
+                c._replace(w)
+        return [c.workers[w.rank] for w in targets]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.spec.kind == "serverless":
+            return self._serverless().call(*args, **kwargs)
+        targets = self._begin(kwargs)
+        try:
+            try:
+                results = ray.get(self._send(targets, args, kwargs))
+            except RayActorError:
+                results = ray.get(self._send(self._recover(targets), args, kwargs))
+        finally:
+            self._end(targets)
+        return self._result(results)
+
+    async def aio(self, *args: Any, **kwargs: Any) -> Any:
+        if self.spec.kind == "serverless":
+            return await self._serverless().acall(*args, **kwargs)
+        targets = self._begin(kwargs)
+        try:
+            try:
+                results = await asyncio.gather(*self._send(targets, args, kwargs))
+            except RayActorError:
+                fresh = await asyncio.to_thread(self._recover, targets)
+                results = await asyncio.gather(*self._send(fresh, args, kwargs))
+        finally:
+            self._end(targets)
+        return self._result(list(results))

@@ -1,0 +1,44 @@
+"""Worker: the base class of every role's process (run as a Ray actor by a Cluster)."""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+from typing import Any, ClassVar
+
+
+class Role(enum.StrEnum):
+    ACTOR_TRAIN = "actor_train"
+    ACTOR_GEN = "actor_gen"
+    REWARD = "reward"
+    ENVIRONMENT = "environment"
+
+
+class Worker:
+    """Subclass per role; decorate methods with `register` / `hw_mapping` / `register_serverless`.
+
+    The Cluster passes where the worker was bound (`pool`, `pool_kind`) so a worker knows its hardware.
+    """
+
+    role: ClassVar[Role]
+
+    def __init__(
+        self,
+        name: str,
+        rank: int,
+        world_size: int,
+        pool: str,
+        pool_kind: str,
+        config: dict[str, Any] | None = None,
+    ):
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        self.pool = pool
+        self.pool_kind = pool_kind
+        self.config = config or {}
+
+    def ping(self) -> dict[str, Any]:
+        """Liveness and placement: the Cluster records `node` in the binding row."""
+        return {"name": self.name, "pid": os.getpid(), "node": socket.gethostname(), "pool": self.pool}

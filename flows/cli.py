@@ -1,0 +1,66 @@
+"""The `rollart` command line.
+
+rollart config show FILE [--set a.b=c ...]   print the resolved config (exit 2 on a bad config)
+rollart model init --size tiny|small --out DIR   build a tiny model + tokenizer locally (no hub)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.config import ConfigError, load_config
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file, args.set)
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def _model_init(args: argparse.Namespace) -> int:
+    from engine.models.tiny import init_model  # torch/transformers: import only when needed
+
+    out = init_model(args.size, Path(args.out), seed=args.seed)
+    print(f"model written to {out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollart", description="Asynchronous agentic RL training (RollArt).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    cfg = sub.add_parser("config", help="inspect experiment configs").add_subparsers(
+        dest="action", required=True
+    )
+    show = cfg.add_parser("show", help="print the resolved config")
+    show.add_argument("file")
+    show.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=1e-4"
+    )
+    show.set_defaults(func=_config_show)
+
+    model = sub.add_parser("model", help="local models").add_subparsers(dest="action", required=True)
+    init = model.add_parser("init", help="build a tiny Qwen2-style model and tokenizer locally")
+    init.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    init.add_argument("--out", required=True)
+    init.add_argument("--seed", type=int, default=0)
+    init.set_defaults(func=_model_init)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as e:
+        for line in e.problems:
+            print(f"config error: {line}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Shared metadata store (SQLAlchemy): pools, bindings, steps, checkpoints."""
+
+from infra.metadata.store import BindingRow, MetadataStore, PoolsExhausted
+
+__all__ = ["BindingRow", "MetadataStore", "PoolsExhausted"]

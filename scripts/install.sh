@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs rollart with every pinned dependency.
+# Usage: scripts/install.sh [cpu|cuda]   (default: cuda when nvidia-smi sees a GPU, else cpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+variant=${1:-$(nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)}
+py=${PYTHON:-python3.11}
+
+# System packages: bubblewrap (sandbox), PostgreSQL server (metadata-store tests), g++ (vLLM's
+# inductor kernel), libibverbs1 (Mooncake's transfer engine, also the non-CUDA wheel).
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v g++ >/dev/null || need+=(g++)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+ldconfig -p | grep -q libibverbs.so.1 || need+=(libibverbs1)
+if ((${#need[@]})); then
+  echo "[install] apt packages: ${need[*]}"
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need[@]}"
+fi
+
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+echo "[install] python packages ($variant) — a cold install takes a few minutes"
+"${pip[@]}" -r "requirements/$variant.txt"
+"${pip[@]}" --no-deps -e .
+if [ "$variant" = cpu ]; then
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+.venv/bin/python -c "import torch, vllm, ray, prefect; print('[install] ok: torch', torch.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| prefect', prefect.__version__)"

@@ -1,0 +1,73 @@
+from pathlib import Path
+
+import pytest
+
+from engine.config import ConfigError, ExperimentConfig, apply_overrides, load_config
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def test_quickstart_resolves_with_defaults_filled_in():
+    cfg = load_config(QUICKSTART)
+    assert cfg.name == "quickstart"
+    assert [t.name for t in cfg.tasks] == ["frozenlake", "reasoning_gym/basic_arithmetic"]
+    assert cfg.tasks[0].profile.value == "prefill-heavy" and cfg.tasks[1].profile.value == "decode-heavy"
+    assert cfg.train.mode == "rollart" and cfg.train.alpha == 1
+    assert cfg.backends.metadata_url.startswith("sqlite:///")
+    # the resolved YAML loads back to the same config
+    import yaml
+
+    assert ExperimentConfig.model_validate(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_overrides_set_nested_fields_and_list_items():
+    cfg = load_config(QUICKSTART, ["train.lr=1e-4", "tasks.1.weight=3", "rollout.granularity=batch"])
+    assert cfg.train.lr == pytest.approx(1e-4)
+    assert cfg.tasks[1].weight == 3.0
+    assert cfg.rollout.granularity == "batch"
+
+
+def test_overrides_do_not_mutate_input():
+    data = {"train": {"lr": 1}}
+    apply_overrides(data, ["train.lr=2"])
+    assert data == {"train": {"lr": 1}}
+
+
+def test_every_problem_is_reported_with_its_field_path():
+    with pytest.raises(ConfigError) as e:
+        load_config(QUICKSTART, ["train.lr=-1", "tasks.0.env=frozenlak", "train.mode=fast"])
+    problems = e.value.problems
+    assert "train.lr: Input should be greater than 0" in problems
+    assert any(
+        p.startswith("tasks[0].env: unknown environment 'frozenlak' (did you mean 'frozenlake'?)")
+        for p in problems
+    )
+    assert any(p.startswith("train.mode: Input should be") for p in problems)
+    assert len(problems) == 3
+
+
+def test_unknown_fields_roles_and_bad_overrides_are_named():
+    with pytest.raises(ConfigError) as e:
+        load_config(QUICKSTART, ["train.learning_rate=1", "resources.roles.actor_gen.pool=gpu9"])
+    text = "\n".join(e.value.problems)
+    assert "train.learning_rate: Extra inputs are not permitted" in text
+    assert "unknown pool 'gpu9'" in text
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(QUICKSTART, ["train.lr"])
+    with pytest.raises(ConfigError, match=r"tasks\.9\.weight: cannot set"):
+        load_config(QUICKSTART, ["tasks.9.weight=1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="tasks: Field required"):
+        load_config(data={})
