@@ -7,13 +7,13 @@ A bad config fails at load with one line per problem naming the field path, e.g.
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.envs.base import unknown_choice
 from engine.envs.registry import ENV_NAMES
 from engine.types import Profile
 
@@ -55,9 +55,7 @@ class TaskConfig(_Strict):
     @classmethod
     def _known_env(cls, v: str) -> str:
         if v not in ENV_NAMES:
-            near = difflib.get_close_matches(v, ENV_NAMES, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ValueError(f"unknown environment '{v}'{hint}; known: {', '.join(ENV_NAMES)}")
+            raise unknown_choice("environment", v, ENV_NAMES)
         return v
 
     @model_validator(mode="after")

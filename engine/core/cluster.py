@@ -18,7 +18,8 @@ from ray.exceptions import RayActorError
 
 from engine.config import RoleConfig
 from engine.core.decorators import DispatchSpec, dispatch_spec
-from engine.core.resources import COMPATIBLE, ResourceManager, pool_kind_for_tag, ray_resource
+from engine.core.resources import ResourceManager, ray_resource
+from engine.core.routing import pick
 from engine.core.worker import Worker
 from infra.metadata import BindingRow
 from infra.serverless import ServerlessClient
@@ -30,6 +31,7 @@ class WorkerHandle:
     actor: Any  # ray.actor.ActorHandle
     binding: BindingRow
     kind: str
+    capacity: int = 1
     outstanding: int = 0
     calls: int = 0  # calls routed here so far: ties go to the least used (spreads load)
 
@@ -104,7 +106,8 @@ class Cluster:
         for (_, b), info in zip(bound, infos, strict=True):
             self.rm.store.set_binding(b.id, node=info["node"])
         return [
-            WorkerHandle(rank, a, b, self.rm.kind(b.pool)) for (rank, b), a in zip(bound, actors, strict=True)
+            WorkerHandle(rank, a, b, self.rm.kind(b.pool), self.max_concurrency)
+            for (rank, b), a in zip(bound, actors, strict=True)
         ]
 
     # liveness ------------------------------------------------------------------------------------
@@ -134,28 +137,16 @@ class Cluster:
         self.workers = []
 
     # routing -------------------------------------------------------------------------------------
-    def pick(self, tag: str) -> WorkerHandle:
-        """hw_mapping: least-loaded free worker of the matching kind, else of a compatible kind,
-        else (everything busy) the least-loaded matching worker, which queues the call."""
-        want = pool_kind_for_tag(tag)
-        matching = [w for w in self.workers if w.kind == want]
-        for kind in COMPATIBLE[want]:
-            free = [w for w in self.workers if w.kind == kind and w.outstanding < self.max_concurrency]
-            if free:
-                chosen = min(free, key=lambda w: (w.outstanding, w.calls))
-                self.fallback_calls += kind != want
-                return chosen
-        pool = matching or [w for w in self.workers if w.kind in COMPATIBLE[want]]
-        if not pool:
-            raise RuntimeError(f"{self.name}: no worker on hardware compatible with '{tag}' ({want})")
-        return min(pool, key=lambda w: (w.outstanding, w.calls))
-
     def targets(self, spec: DispatchSpec, kwargs: dict[str, Any]) -> list[WorkerHandle]:
         if spec.kind == "all":
             return list(self.workers)
         if spec.tag_name not in kwargs:
             raise TypeError(f"{self.name}: hw_mapping call needs the keyword argument '{spec.tag_name}'")
-        w = self.pick(kwargs[spec.tag_name])
+        try:
+            w, fallback = pick(self.workers, kwargs[spec.tag_name])
+        except RuntimeError as e:
+            raise RuntimeError(f"{self.name}: {e}") from None
+        self.fallback_calls += fallback
         self.routes[w.binding.pool] += 1
         w.calls += 1
         return [w]

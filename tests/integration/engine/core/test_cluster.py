@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import pytest
 import ray
+from ray.exceptions import RayActorError
 
 from engine.config import PoolConfig, RoleConfig
 from engine.core.cluster import Cluster
@@ -108,8 +109,20 @@ def test_register_gathers_from_all_workers(gen):
     assert gen.info() == [(0, "bandwidth"), (1, "compute"), (2, "compute")]
 
 
+def kill(actor) -> None:
+    """ray.kill is asynchronous: return once the actor really is gone."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except RayActorError:
+            return
+    raise AssertionError("actor still alive 30 s after ray.kill")
+
+
 def test_dead_worker_is_rebound_and_calls_retry_on_the_replacement(gen, rm):
-    ray.kill(gen.workers[1].actor, no_restart=True)  # the next prefill call goes to rank 1 (least used)
+    kill(gen.workers[1].actor)  # the next prefill call goes to rank 1 (least used)
     assert gen.generate(7, tag="prefill-heavy") == {
         "x": 7,
         "pool": "compute",
@@ -117,7 +130,7 @@ def test_dead_worker_is_rebound_and_calls_retry_on_the_replacement(gen, rm):
         "rank": 1,
     }
     assert gen.restarts == 1 and gen.check() == 0  # the failed call already rebound it
-    ray.kill(gen.workers[0].actor, no_restart=True)
+    kill(gen.workers[0].actor)
     assert gen.check() == 1 and gen.restarts == 2  # found by the health check
     rows = rm.store.bindings(rm.run)
     for worker in ("gen-0", "gen-1"):
