@@ -1,0 +1,177 @@
+"""The torch training backend: GRPO steps on a Hugging Face causal LM in one process (small models, CPU).
+
+One `train_step` is one optimiser step: the batch is cut into micro-batches whose losses are weighted so
+the accumulated gradient equals that of the whole batch, then the gradient norm is clipped and AdamW
+steps. `version` counts optimiser steps, which is what generation workers tag their tokens with.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from engine.train.batch import TrainBatch, token_logprobs
+from engine.train.grpo import LossAgg, policy_loss
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0  # None: report the norm, do not clip
+    micro_batch_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    agg: LossAgg = "token-mean"
+    kl_beta: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.kl_beta < 0:
+            raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
+
+
+ModelSource = PreTrainedModel | str | Path
+
+
+class TorchTrainer:
+    """GRPO trainer over an HF `AutoModelForCausalLM` (a local directory, or a model object).
+
+    The model stays in eval mode: dropout off, so that on-policy importance ratios are exactly 1 and the
+    trainer scores tokens the way the generation engine did. `ref_model` (for the KL term) is required
+    exactly when `config.kl_beta > 0`; pass the same one again when resuming from a checkpoint.
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        config: TrainerConfig | None = None,
+        ref_model: ModelSource | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.config = config or TrainerConfig()
+        if self.config.kl_beta > 0 and ref_model is None:
+            raise ValueError("ref_model is required when kl_beta > 0")
+        if self.config.kl_beta == 0 and ref_model is not None:
+            raise ValueError("ref_model is only used when kl_beta > 0; drop it or set kl_beta")
+        random.seed(self.config.seed)
+        torch.manual_seed(self.config.seed)
+        self.device = torch.device(device)
+        self.model = _load(model, self.device)
+        self.ref_model = _load(ref_model, self.device) if ref_model is not None else None
+        if self.ref_model is not None:
+            self.ref_model.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        self.version = 0
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on `batch`; returns loss and statistics of the whole batch."""
+        start = time.perf_counter()
+        cfg = self.config
+        action_tokens = float(batch.loss_mask.sum())
+        valid_seqs = float((batch.loss_mask.sum(dim=1) > 0).sum())
+        if action_tokens == 0:
+            raise ValueError("batch has no action tokens (loss_mask is all zero): nothing to train on")
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = dict.fromkeys(("loss", "clip_frac", "ratio_mean", "kl", "entropy"), 0.0)
+        for lo in range(0, len(batch), cfg.micro_batch_size):
+            micro = batch.rows(lo, lo + cfg.micro_batch_size)
+            micro_tokens = float(micro.loss_mask.sum())
+            if micro_tokens == 0:
+                continue
+            # Weight so that the sum over micro-batches equals the full-batch aggregate.
+            if cfg.agg == "token-mean":
+                weight = micro_tokens / action_tokens
+            else:
+                weight = float((micro.loss_mask.sum(dim=1) > 0).sum()) / valid_seqs
+            loss, stats, entropy_sum = self._micro_loss(micro)
+            (loss * weight).backward()
+            totals["loss"] += loss.item() * weight
+            for key in ("clip_frac", "ratio_mean", "kl"):
+                totals[key] += stats[key] * micro_tokens / action_tokens
+            totals["entropy"] += entropy_sum / action_tokens
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.version += 1
+        step_s = time.perf_counter() - start
+        tokens = float(batch.attention_mask.sum())
+        return {
+            **totals,
+            "grad_norm": float(grad_norm),
+            "tokens": tokens,
+            "action_tokens": action_tokens,
+            "tokens_per_s": tokens / step_s,
+            "step_s": step_s,
+            "version": float(self.version),
+        }
+
+    def _micro_loss(self, micro: TrainBatch) -> tuple[Tensor, dict[str, float], float]:
+        width = int(micro.attention_mask.sum(dim=1).max())  # drop columns that are padding in every row
+        ids = micro.input_ids[:, :width].to(self.device)
+        attn = micro.attention_mask[:, :width].to(self.device)
+        mask = micro.loss_mask[:, :width].to(self.device)
+        logprobs, entropy = token_logprobs(self.model(input_ids=ids, attention_mask=attn).logits, ids)
+        ref_logprobs = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logprobs, _ = token_logprobs(
+                    self.ref_model(input_ids=ids, attention_mask=attn).logits, ids
+                )
+        loss, stats = policy_loss(
+            logprobs,
+            micro.behavior_logprobs[:, :width].to(self.device),
+            micro.advantages.to(self.device),
+            mask,
+            clip_low=self.config.clip_low,
+            clip_high=self.config.clip_high,
+            agg=self.config.agg,
+            ref_logprobs=ref_logprobs,
+            kl_beta=self.config.kl_beta,
+        )
+        return loss, stats, float((entropy * mask).sum())
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """A CPU snapshot of the weights, named exactly as the HF model names them (for publishing)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    @torch.no_grad()
+    def greedy_generate(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy continuation of `prompt_ids` (new tokens only), via plain HF `generate`; for checks."""
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+        )
+        return out[0, len(prompt_ids) :].tolist()
+
+
+def _load(source: ModelSource, device: torch.device) -> PreTrainedModel:
+    if isinstance(source, str | Path):
+        if not Path(source).is_dir():
+            raise ValueError(f"model directory {source} does not exist (the trainer loads local models only)")
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+    else:
+        model = source
+    return model.to(device).eval()

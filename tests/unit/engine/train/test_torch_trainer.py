@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from engine.train.batch import TrainBatch, build_train_batch
+from engine.train.trainer import TorchTrainer, TrainerConfig
+from engine.types import Group
+
+PROMPT = [1, 2, 3]
+
+
+@torch.no_grad()
+def _next_logprob(model: PreTrainedModel, context: list[int], token: int) -> float:
+    """log p(token | context) from the last position, computed independently of the batch alignment."""
+    logits = model(input_ids=torch.tensor([context])).logits[0, -1]
+    return torch.log_softmax(logits, dim=-1)[token].item()
+
+
+def _on_policy_group(
+    model: PreTrainedModel,
+    make_group: Callable[..., Group],
+    actions: list[tuple[float, list[int], list[int]]],
+) -> Group:
+    """A group whose behaviour log-probs are the model's own: `(reward, obs_ids, action_ids)` each."""
+    members = []
+    for reward, obs, act in actions:
+        lps = [_next_logprob(model, obs + act[:k], act[k]) for k in range(len(act))]
+        members.append((reward, [(obs, act, lps, 0)]))
+    return make_group(members)
+
+
+@pytest.fixture
+def model(tiny_model: Callable[..., PreTrainedModel]) -> PreTrainedModel:
+    return tiny_model(seed=0)
+
+
+def test_positive_advantage_tokens_gain_probability_until_the_clip(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    group = _on_policy_group(model, make_group, [(1.0, PROMPT, [5, 6]), (0.0, PROMPT, [7, 8])])
+    batch = build_train_batch([group])
+    p5, p7 = math.exp(_next_logprob(model, PROMPT, 5)), math.exp(_next_logprob(model, PROMPT, 7))
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-2))
+
+    first = trainer.train_step(batch)
+    # on-policy: every ratio is 1, so the loss is -mean(A) over tokens = 0 (two tokens at +a, two at -a)
+    assert first["loss"] == pytest.approx(0.0, abs=1e-7)
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert first["clip_frac"] == 0.0
+    assert first["tokens"] == 10 and first["action_tokens"] == 4
+    assert 0 < first["entropy"] <= math.log(64)
+    assert first["grad_norm"] > 0
+    losses = [trainer.train_step(batch)["loss"] for _ in range(9)]
+
+    # a = 0.5 / std([1, 0]) = 1/sqrt(2). Once every token is clipped the loss sits at its floor
+    # mean(-1.28a, -1.28a, 0.8a, 0.8a) = -0.24a and stops moving.
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert losses[-1] == pytest.approx(-0.24 * a, rel=1e-5)
+    assert min(losses) >= -0.24 * a - 1e-6
+    assert math.exp(_next_logprob(model, PROMPT, 5)) > 1.28 * p5
+    assert math.exp(_next_logprob(model, PROMPT, 7)) < 0.8 * p7
+
+
+def test_version_counts_optimiser_steps(model: PreTrainedModel, make_group: Callable[..., Group]) -> None:
+    batch = build_train_batch([_on_policy_group(model, make_group, [(1.0, PROMPT, [5]), (0.0, PROMPT, [7])])])
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-3, micro_batch_size=1))
+    assert trainer.version == 0
+    versions = [trainer.train_step(batch)["version"] for _ in range(3)]
+    assert versions == [1.0, 2.0, 3.0]
+    assert trainer.version == 3
+
+
+def _mixed_batch(model: PreTrainedModel, make_group: Callable[..., Group]) -> TrainBatch:
+    """Five trajectories of different lengths, off-policy (behaviour log-probs shifted) so some clip."""
+    actions = [
+        (1.0, PROMPT, [5, 6, 9]),
+        (0.0, [*PROMPT, 4], [7]),
+        (0.5, PROMPT, [8, 8]),
+        (0.2, [1], [11, 12, 13, 14]),
+        (0.9, PROMPT, [15]),
+    ]
+    batch = build_train_batch([_on_policy_group(model, make_group, actions)])
+    shift = torch.tensor([-0.4, 0.3, 0.1, -0.05, 0.5])[:, None] * batch.loss_mask
+    batch.behavior_logprobs += shift
+    return batch
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(
+    model: PreTrainedModel, make_group: Callable[..., Group], agg: str
+) -> None:
+    batch = _mixed_batch(model, make_group)
+    results = []
+    for micro in (5, 2, 1):
+        trainer = TorchTrainer(
+            copy.deepcopy(model), TrainerConfig(lr=1e-2, micro_batch_size=micro, agg=agg, max_grad_norm=0.5)
+        )
+        stats = trainer.train_step(batch)
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        results.append((stats, grads, list(trainer.model.parameters())))
+    (full_stats, full_grads, full_params), *others = results
+    assert full_stats["clip_frac"] > 0
+    for stats, grads, params in others:
+        for key in ("loss", "clip_frac", "ratio_mean", "entropy", "grad_norm", "tokens", "action_tokens"):
+            assert stats[key] == pytest.approx(full_stats[key], rel=1e-5, abs=1e-7), key
+        for g, g_full in zip(grads, full_grads, strict=True):
+            assert torch.allclose(g, g_full, rtol=1e-4, atol=1e-7)
+        # Adam's first step moves each weight by ~lr; near-zero gradient entries (~1e-8, i.e. at float
+        # noise) may move differently by a hair, hence an absolute tolerance of 1e-3 * lr.
+        for p, p_full in zip(params, full_params, strict=True):
+            assert torch.allclose(p, p_full, rtol=0, atol=1e-5)
+
+
+def test_kl_to_reference_is_zero_at_start_and_grows(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    batch = build_train_batch([_on_policy_group(model, make_group, [(1.0, PROMPT, [5]), (0.0, PROMPT, [7])])])
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-2, kl_beta=0.5), ref_model=copy.deepcopy(model))
+    kls = [trainer.train_step(batch)["kl"] for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7)
+    assert 0 < kls[1] < kls[2]
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+
+
+def test_state_dict_is_a_cpu_snapshot_with_hf_names(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    batch = build_train_batch([_on_policy_group(model, make_group, [(1.0, PROMPT, [5]), (0.0, PROMPT, [7])])])
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-2))
+    snapshot = trainer.state_dict()
+    assert list(snapshot) == list(model.state_dict())
+    assert "lm_head.weight" in snapshot and "model.embed_tokens.weight" in snapshot
+    assert all(t.device.type == "cpu" for t in snapshot.values())
+    before = snapshot["model.embed_tokens.weight"].clone()
+    trainer.train_step(batch)
+    assert torch.equal(snapshot["model.embed_tokens.weight"], before)
+    assert not torch.equal(trainer.state_dict()["model.embed_tokens.weight"], before)
+
+
+def test_greedy_generate_returns_the_argmax_continuation(model: PreTrainedModel) -> None:
+    trainer = TorchTrainer(model)
+    expected, context = [], list(PROMPT)
+    with torch.no_grad():
+        for _ in range(4):
+            token = int(model(input_ids=torch.tensor([context])).logits[0, -1].argmax())
+            expected.append(token)
+            context.append(token)
+    assert trainer.greedy_generate(PROMPT, max_tokens=4) == expected
+
+
+def test_loads_a_local_model_directory(model: PreTrainedModel, tmp_path: Path) -> None:
+    model.save_pretrained(tmp_path / "m")
+    trainer = TorchTrainer(tmp_path / "m")
+    for (name, a), b in zip(model.state_dict().items(), trainer.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="does not exist"):
+        TorchTrainer(tmp_path / "missing")
+
+
+def test_rejects_bad_configs_and_empty_batches(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    with pytest.raises(ValueError, match="ref_model is required"):
+        TorchTrainer(model, TrainerConfig(kl_beta=0.1))
+    with pytest.raises(ValueError, match="only used when kl_beta > 0"):
+        TorchTrainer(model, ref_model=model)
+    for field, value in [
+        ("lr", 0.0),
+        ("micro_batch_size", 0),
+        ("max_grad_norm", -1.0),
+        ("betas", (0.9, 1.0)),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            TrainerConfig(**{field: value})
+    batch = build_train_batch([make_group([(1.0, [([], [5], [-1.0], 0)]), (0.0, [([], [7], [-1.0], 0)])])])
+    with pytest.raises(ValueError, match="no action tokens"):
+        TorchTrainer(model).train_step(batch)
