@@ -1,0 +1,139 @@
+"""Publish weight versions to a store (trainer side) and prefetch them in the background (worker side).
+
+Paper §6.3: the trainer splits its weights into buckets and pushes them with a manifest; each inference
+worker pulls the next version while it still serves the current one, so when `update` comes the
+tensors are already local and only the in-place load is on the critical path. `exposed_s` measures
+how much of the pull the caller still waited for.
+
+Store layout per run: `{run}/v{version}/bucket{i}` and `{run}/v{version}/manifest`. The manifest is
+written last, so its presence means the version is complete. Zero-byte buckets are not stored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from engine.weights.buckets import Manifest, make_buckets, unpack
+from infra.weightstore.base import MissingKeyError, WeightStore
+
+
+def version_prefix(run_id: str, version: int) -> str:
+    return f"{run_id}/v{version}/"
+
+
+def bucket_key(run_id: str, version: int, index: int) -> str:
+    return f"{version_prefix(run_id, version)}bucket{index}"
+
+
+def manifest_key(run_id: str, version: int) -> str:
+    return f"{version_prefix(run_id, version)}manifest"
+
+
+class WeightPublisher:
+    """Trainer side: bucketise a state dict, push it, keep only the newest `keep_last` versions."""
+
+    def __init__(self, store: WeightStore, run_id: str, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.store, self.run_id, self.keep_last = store, run_id, keep_last
+        self._versions: set[int] = set()  # versions this publisher has in the store
+
+    def publish(
+        self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
+    ) -> dict[str, float]:
+        """Push `version`; return timings {pack_s, push_s, bytes, buckets}.
+
+        A stale manifest of the same version (a retried publish) is removed first, so no reader can
+        pair it with half-written new buckets.
+        """
+        t0 = time.perf_counter()
+        manifest, buckets = make_buckets(state_dict, bucket_bytes, version)
+        t1 = time.perf_counter()
+        self.store.delete([manifest_key(self.run_id, version)])
+        for i, data in enumerate(buckets):
+            if data.nbytes:
+                self.store.put(bucket_key(self.run_id, version, i), data)
+        self.store.put(manifest_key(self.run_id, version), manifest.to_json().encode())
+        t2 = time.perf_counter()
+        self._versions.add(version)
+        for old in sorted(v for v in self._versions if v <= version - self.keep_last):
+            self.store.delete_prefix(version_prefix(self.run_id, old))
+            self._versions.discard(old)
+        return {
+            "pack_s": t1 - t0,
+            "push_s": t2 - t1,
+            "bytes": float(manifest.total_bytes),
+            "buckets": float(manifest.num_buckets),
+        }
+
+
+class WeightPrefetcher:
+    """Worker side: `start(v)` pulls version v on a background thread; `wait(v)` hands over the tensors.
+
+    One pull runs at a time (they would only compete for the same link). `wait(v)` also drops any
+    older version that was started but never collected.
+    """
+
+    def __init__(self, store: WeightStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch")
+        self._pulls: dict[int, Future[tuple[dict[str, torch.Tensor], dict[str, float]]]] = {}
+        self._lock = threading.Lock()
+
+    def start(self, version: int) -> None:
+        """Begin pulling `version` in the background (no-op if already started)."""
+        with self._lock:
+            if version not in self._pulls:
+                self._pulls[version] = self._pool.submit(self._pull, version)
+
+    def done(self, version: int) -> bool:
+        """True once `version` has been pulled (or its pull failed): `wait` will not block."""
+        with self._lock:
+            pull = self._pulls.get(version)
+        return pull is not None and pull.done()
+
+    def wait(
+        self, version: int, timeout: float | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """The tensors of `version` and timings {pull_s, exposed_s, bytes}; starts the pull if needed.
+
+        `pull_s` is the whole background pull, `exposed_s` the part of it this call waited for.
+        """
+        t0 = time.perf_counter()
+        self.start(version)
+        with self._lock:
+            pull = self._pulls[version]
+        try:
+            tensors, timings = pull.result(timeout)
+        finally:
+            exposed = time.perf_counter() - t0
+            if pull.done():
+                with self._lock:
+                    for v in [v for v in self._pulls if v <= version]:
+                        del self._pulls[v]
+        return tensors, {**timings, "exposed_s": exposed}
+
+    def _pull(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        t0 = time.perf_counter()
+        try:
+            raw = self.store.get(manifest_key(self.run_id, version))
+        except MissingKeyError as e:
+            raise MissingKeyError(f"weights v{version} of run {self.run_id!r} are not published: {e}") from e
+        manifest = Manifest.from_json(raw)
+        if manifest.version != version:
+            raise ValueError(f"manifest under v{version} of run {self.run_id!r} says v{manifest.version}")
+        buckets = [
+            self.store.get(bucket_key(self.run_id, version, i)) if size else b""
+            for i, size in enumerate(manifest.bucket_sizes)
+        ]
+        tensors = unpack(manifest, buckets)
+        return tensors, {"pull_s": time.perf_counter() - t0, "bytes": float(manifest.total_bytes)}
+
+    def close(self) -> None:
+        """Stop accepting pulls; a running pull finishes in the background, queued ones are dropped."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,148 @@
+"""`WeightStore` over a Mooncake distributed store (mooncake-transfer-engine[-non-cuda] wheel).
+
+Every value goes through the zero-copy path: the caller's buffer is registered with the transfer engine
+and written with `upsert_from` / read with `get_into`. The plain `put`/`get` calls stage through the
+client's `local_buffer_size` and fail for values larger than it.
+
+Things to know (measured on mooncake 0.3.13):
+- A value lives in the segment of the client that wrote it (`segment_bytes` of memory it contributes),
+  so the writer must stay alive while readers need the value, and its segment must hold every value
+  kept at once. A full store fails the put with NO_AVAILABLE_HANDLE -> `StoreFullError`.
+- Values are hard-pinned, so the master never evicts a weight bucket to make room for another.
+- A read holds a lease (master flag `default_kv_lease_ttl`) that must outlast the slowest read, and
+  blocks a plain remove; `delete` forces removal, so only delete versions nobody reads anymore.
+- `MC_TCP_BIND_ADDRESS` picks the address a client advertises to peers (127.0.0.1 for one machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+from infra.weightstore.base import Buffer, MissingKeyError, StoreFullError, WeightStore, WeightStoreError
+
+# Names of the master's error codes (mooncake-store/include/types.h) that a client can see.
+_ERRORS = {
+    -1: "INTERNAL_ERROR",
+    -10: "BUFFER_OVERFLOW",
+    -101: "SEGMENT_NOT_FOUND",
+    -103: "CLIENT_NOT_FOUND",
+    -200: "NO_AVAILABLE_HANDLE (store full)",
+    -400: "INVALID_KEY",
+    -500: "WRITE_FAIL",
+    -600: "INVALID_PARAMS",
+    -700: "INVALID_WRITE",
+    -701: "INVALID_READ",
+    -703: "REPLICA_IS_NOT_READY",
+    -704: "OBJECT_NOT_FOUND",
+    -705: "OBJECT_ALREADY_EXISTS",
+    -706: "OBJECT_HAS_LEASE",
+    -707: "LEASE_EXPIRED (read slower than the master's default_kv_lease_ttl)",
+    -710: "REPLICA_NOT_FOUND",
+    -712: "REPLICA_IS_GONE",
+    -800: "TRANSFER_FAIL",
+    -900: "RPC_FAIL (master unreachable?)",
+    -1010: "UNAVAILABLE_IN_CURRENT_STATUS",
+}
+_NOT_FOUND, _FULL = -704, -200
+MIN_SEGMENT_BYTES = 16 << 20  # the client refuses a smaller segment (setup fails with INVALID_PARAMS)
+_REGEX_SPECIAL = set("\\^$.|?*+()[]{}")
+
+
+def _check(code: int, op: str, key: str) -> int:
+    """Return a non-negative result; turn a negative Mooncake code into the matching exception."""
+    if code >= 0:
+        return code
+    msg = f"mooncake {op} {key!r} failed: {code} {_ERRORS.get(code, 'UNKNOWN')}"
+    if code == _NOT_FOUND:
+        raise MissingKeyError(msg)
+    if code == _FULL:
+        raise StoreFullError(msg + "; delete old versions or raise the writer's segment_bytes")
+    raise WeightStoreError(msg)
+
+
+def _as_array(data: Buffer) -> np.ndarray:
+    """A uint8 view of the caller's bytes (no copy), so the engine can read them in place."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    if arr.size == 0:
+        raise ValueError("mooncake cannot store an empty value")
+    return arr
+
+
+class MooncakeStore(WeightStore):
+    """One Mooncake client: contributes `segment_bytes` to the shared pool and reads/writes values."""
+
+    def __init__(
+        self,
+        master_addr: str,
+        metadata_url: str,
+        *,
+        local_hostname: str = "127.0.0.1",
+        segment_bytes: int = 1 << 30,
+        buffer_bytes: int = 16 << 20,
+        protocol: str = "tcp",
+        device: str = "",
+    ) -> None:
+        if segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be >= {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
+        self._store = MooncakeDistributedStore()
+        rc = self._store.setup(
+            local_hostname, metadata_url, segment_bytes, buffer_bytes, protocol, device, master_addr
+        )
+        if rc != 0:
+            raise WeightStoreError(
+                f"mooncake client setup failed ({rc}): master {master_addr}, metadata {metadata_url}, "
+                f"protocol {protocol!r}; is the master running?"
+            )
+        self._config = ReplicateConfig()
+        self._config.with_hard_pin = True
+        self._closed = False
+
+    def _registered(self, arr: np.ndarray, op: str, key: str) -> int:
+        ptr = int(arr.ctypes.data)
+        _check(self._store.register_buffer(ptr, arr.nbytes), f"{op} (register buffer)", key)
+        return ptr
+
+    def put(self, key: str, data: Buffer) -> None:
+        arr = _as_array(data)
+        ptr = self._registered(arr, "put", key)
+        try:
+            _check(self._store.upsert_from(key, ptr, arr.nbytes, self._config), "put", key)
+        finally:
+            self._store.unregister_buffer(ptr)
+
+    def get(self, key: str) -> Buffer:
+        size = _check(self._store.get_size(key), "get", key)
+        out = np.empty(size, dtype=np.uint8)
+        ptr = self._registered(out, "get", key)
+        try:
+            got = _check(self._store.get_into(key, ptr, size), "get", key)
+        finally:
+            self._store.unregister_buffer(ptr)
+        if got != size:
+            raise WeightStoreError(f"mooncake get {key!r}: read {got} bytes, expected {size} (overwritten?)")
+        return memoryview(out)
+
+    def exists(self, key: str) -> bool:
+        return bool(_check(self._store.is_exist(key), "exists", key))
+
+    def delete(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        if not keys:
+            return 0
+        codes = self._store.batch_remove(keys, True)
+        for key, code in zip(keys, codes, strict=True):
+            if code != _NOT_FOUND:
+                _check(code, "delete", key)
+        return sum(code == 0 for code in codes)
+
+    def delete_prefix(self, prefix: str) -> int:
+        pattern = "^" + "".join("\\" + c if c in _REGEX_SPECIAL else c for c in prefix)
+        return _check(self._store.remove_by_regex(pattern, True), "delete_prefix", prefix)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._store.close()

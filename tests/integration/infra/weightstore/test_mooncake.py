@@ -1,0 +1,104 @@
+"""Mooncake store on a local master: a real model's weights published and prefetched, store semantics."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from engine.weights.transfer import WeightPrefetcher, WeightPublisher, manifest_key
+from infra.weightstore import MissingKeyError, StoreFullError
+from infra.weightstore.mooncake import MooncakeStore
+from infra.weightstore.mooncake_master import MooncakeMaster
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def master(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MooncakeMaster]:
+    """A master on 127.0.0.1; afterwards none of its processes may be left."""
+    monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # clients advertise loopback to each other
+    with MooncakeMaster(log_dir=tmp_path / "mooncake") as m:
+        pids = m.pids
+        yield m
+    assert pids and not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def client(master: MooncakeMaster, segment_bytes: int = 64 * MiB) -> MooncakeStore:
+    return MooncakeStore(master.master_addr, master.metadata_url, segment_bytes=segment_bytes)
+
+
+def tiny_qwen2_state_dict(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    sd = model.state_dict()
+    sd["model.norm.weight"] = sd["model.norm.weight"].float()  # a mixed-dtype state dict, as in training
+    return sd
+
+
+def test_real_state_dict_round_trip_and_retention(master: MooncakeMaster) -> None:
+    trainer, worker = client(master), client(master)
+    publisher = WeightPublisher(trainer, "qwen", keep_last=2)
+    prefetcher = WeightPrefetcher(worker, "qwen")
+    for version in (1, 2, 3):
+        sd = tiny_qwen2_state_dict(seed=version)
+        pushed = publisher.publish(sd, version=version, bucket_bytes=64 * 1024)
+        prefetcher.start(version)
+        tensors, timings = prefetcher.wait(version)
+        assert pushed["buckets"] >= 4 and timings["bytes"] == pushed["bytes"]
+        assert list(tensors) == list(sd)
+        for name, tensor in sd.items():
+            assert tensors[name].dtype == tensor.dtype and torch.equal(tensors[name], tensor), name
+    assert [worker.exists(manifest_key("qwen", v)) for v in (1, 2, 3)] == [False, True, True]
+    prefetcher.close()
+    worker.close()
+    trainer.close()
+
+
+def test_store_semantics_and_errors(master: MooncakeMaster) -> None:
+    with pytest.raises(ValueError, match="segment_bytes must be >= 16777216"):
+        client(master, segment_bytes=8 * MiB)
+    store = client(master, segment_bytes=16 * MiB)
+    store.put("a/v1/x", b"first")
+    store.put("a/v1/x", bytearray(b"second!"))  # replaces, unlike Mooncake's own put
+    assert bytes(store.get("a/v1/x")) == b"second!"
+    with pytest.raises(MissingKeyError, match=r"'a/v2/x' failed: -704 OBJECT_NOT_FOUND"):
+        store.get("a/v2/x")
+    with pytest.raises(ValueError, match="cannot store an empty value"):
+        store.put("a/v1/empty", b"")
+    store.put("a.b-c/1", b"1")
+    store.put("a.bxc/1", b"2")  # "." and "-" in a prefix are literal, not regex syntax
+    assert store.delete_prefix("a.b-c/") == 1 and store.exists("a.bxc/1")
+    assert store.delete(["a/v1/x", "absent"]) == 1 and not store.exists("a/v1/x")
+
+    store.put("big/0", bytes(10 * MiB))
+    with pytest.raises(StoreFullError, match="-200"):
+        store.put("big/1", bytes(10 * MiB))
+    assert store.exists("big/0")  # pinned: a failed put evicts nothing
+    store.close()
+
+
+def test_master_listens_on_loopback_only_and_stops(tmp_path: Path) -> None:
+    with MooncakeMaster(log_dir=tmp_path) as m:
+        pids = m.pids
+        listening = [
+            c.laddr.ip
+            for pid in pids
+            for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+    assert len(pids) == 2 and len(listening) >= 3  # rpc, metrics, metadata
+    assert set(listening) == {"127.0.0.1"}
+    assert not any(psutil.pid_exists(pid) for pid in pids)

@@ -1,0 +1,141 @@
+"""Publisher and prefetcher over an in-memory store: key layout, retention, background pull overlap."""
+
+import threading
+import time
+from collections.abc import Iterable
+
+import pytest
+import torch
+
+from engine.weights.transfer import WeightPrefetcher, WeightPublisher, bucket_key, manifest_key
+from infra.weightstore import Buffer, InMemoryStore, MissingKeyError
+
+
+def state_dict(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed": torch.randn(16, 8, generator=g).to(torch.bfloat16),  # 256 B
+        "layer.w": torch.randn(8, 8, generator=g),  # 256 B
+        "layer.b": torch.randn(8, generator=g),  # 32 B
+        "steps": torch.tensor(seed),  # 8 B
+    }
+
+
+class RecordingStore(InMemoryStore):
+    """Logs every put/delete, and can hold every get until `gate` is set (a slow link)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def put(self, key: str, data: Buffer) -> None:
+        self.ops.append(("put", key))
+        super().put(key, data)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        self.ops += [("delete", k) for k in keys]
+        return super().delete(keys)
+
+    def get(self, key: str) -> Buffer:
+        self.gate.wait()
+        return super().get(key)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+
+
+def test_publish_writes_buckets_then_manifest_last() -> None:
+    store = RecordingStore()
+    timings = WeightPublisher(store, "run").publish(state_dict(1), version=1, bucket_bytes=512)
+    # embed 0-256, layer.w 256-512 fill bucket 0; layer.b 0-32 and steps 64-72 go to bucket 1
+    assert store.ops == [
+        ("delete", "run/v1/manifest"),
+        ("put", "run/v1/bucket0"),
+        ("put", "run/v1/bucket1"),
+        ("put", "run/v1/manifest"),
+    ]
+    assert timings["bytes"] == 512 + 72 and timings["buckets"] == 2
+    assert timings["push_s"] >= 0 and timings["pack_s"] >= 0
+
+
+def test_only_the_last_k_versions_stay_in_the_store() -> None:
+    store = InMemoryStore()
+    publisher = WeightPublisher(store, "run", keep_last=2)
+    for v in range(1, 5):
+        publisher.publish(state_dict(v), version=v, bucket_bytes=512)
+    assert [store.exists(manifest_key("run", v)) for v in range(1, 5)] == [False, False, True, True]
+    assert not store.exists(bucket_key("run", 2, 0)) and store.exists(bucket_key("run", 4, 1))
+    assert store.delete_prefix("run/") == 6  # v3 and v4: two buckets and a manifest each
+
+
+def test_prefetched_tensors_equal_the_published_ones() -> None:
+    store = InMemoryStore()
+    WeightPublisher(store, "run").publish(state_dict(3), version=3, bucket_bytes=300)
+    prefetcher = WeightPrefetcher(store, "run")
+    prefetcher.start(3)
+    tensors, timings = prefetcher.wait(3)
+    assert_same(tensors, state_dict(3))
+    assert timings["bytes"] == 256 + 288 + 8  # embed | layer.w, layer.b | steps
+    prefetcher.close()
+
+
+def test_pull_overlaps_with_the_callers_work() -> None:
+    store = RecordingStore()
+    WeightPublisher(store, "run").publish(state_dict(2), version=2, bucket_bytes=512)
+    prefetcher = WeightPrefetcher(store, "run")
+    store.gate.clear()  # the link is "slow": every get waits until the caller's work is done
+    prefetcher.start(2)
+    t0, served = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.3:  # the caller keeps serving the old version meanwhile
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+        served += 1
+    work_s = time.perf_counter() - t0
+    assert not prefetcher.done(2)
+    store.gate.set()
+    tensors, timings = prefetcher.wait(2)
+    assert_same(tensors, state_dict(2))
+    assert served > 0 and timings["pull_s"] >= work_s
+    assert timings["exposed_s"] < timings["pull_s"] / 4
+    prefetcher.close()
+
+
+def test_wait_without_start_pulls_in_the_foreground() -> None:
+    store = InMemoryStore()
+    WeightPublisher(store, "run").publish(state_dict(1), version=1, bucket_bytes=512)
+    prefetcher = WeightPrefetcher(store, "run")
+    tensors, timings = prefetcher.wait(1)
+    assert_same(tensors, state_dict(1))
+    assert timings["exposed_s"] >= timings["pull_s"]
+    prefetcher.close()
+
+
+def test_waiting_for_a_version_drops_older_uncollected_pulls() -> None:
+    store = InMemoryStore()
+    publisher = WeightPublisher(store, "run", keep_last=3)
+    for v in (1, 2):
+        publisher.publish(state_dict(v), version=v, bucket_bytes=512)
+    prefetcher = WeightPrefetcher(store, "run")
+    prefetcher.start(1)
+    prefetcher.start(2)
+    prefetcher.wait(2)
+    assert not prefetcher.done(1) and not prefetcher.done(2)
+    prefetcher.close()
+
+
+def test_unpublished_version_is_a_clear_error() -> None:
+    prefetcher = WeightPrefetcher(InMemoryStore(), "run")
+    prefetcher.start(9)
+    with pytest.raises(MissingKeyError, match="weights v9 of run 'run' are not published"):
+        prefetcher.wait(9)
+    prefetcher.close()
+
+
+def test_keep_last_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        WeightPublisher(InMemoryStore(), "run", keep_last=0)

@@ -1,0 +1,32 @@
+"""The in-memory store: the reference behaviour every WeightStore backend follows."""
+
+import pytest
+
+from infra.weightstore import InMemoryStore, MissingKeyError
+
+
+def test_put_get_replace_and_snapshot() -> None:
+    store = InMemoryStore()
+    data = bytearray(b"abc")
+    store.put("r/v1/bucket0", data)
+    data[0] = ord("z")  # the stored value is a snapshot of the caller's buffer
+    assert bytes(store.get("r/v1/bucket0")) == b"abc"
+    store.put("r/v1/bucket0", memoryview(b"de"))
+    assert bytes(store.get("r/v1/bucket0")) == b"de"
+    assert store.exists("r/v1/bucket0") and not store.exists("r/v1/bucket1")
+
+
+def test_missing_key_is_a_key_error_with_the_key_in_the_message() -> None:
+    with pytest.raises(KeyError) as info:
+        InMemoryStore().get("r/v9/manifest")
+    assert isinstance(info.value, MissingKeyError)
+    assert str(info.value) == "weight store has no key 'r/v9/manifest'"
+
+
+def test_delete_keys_and_prefix_count_what_they_removed() -> None:
+    with InMemoryStore() as store:
+        for key in ("r/v1/a", "r/v1/b", "r/v10/a", "q/v1/a"):
+            store.put(key, b"x")
+        assert store.delete(["r/v1/a", "nope"]) == 1
+        assert store.delete_prefix("r/v1/") == 1  # not r/v10/
+        assert [store.exists(k) for k in ("r/v1/b", "r/v10/a", "q/v1/a")] == [False, True, True]
