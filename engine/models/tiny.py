@@ -1,0 +1,87 @@
+"""Tiny Qwen2 models built locally from a config: the policy that the CPU default trains (no model hub).
+
+`init_model` writes a complete Hugging Face model directory (config, safetensors weights, generation
+config, tokenizer with chat template) that both the torch backends and vLLM load unchanged. Qwen2 is used
+because vLLM supports it natively; embeddings are tied to keep most parameters in the transformer layers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from engine.models.tokenizer import train_tokenizer
+
+ModelSize = Literal["tiny", "small"]
+
+# head_dim = hidden / heads = 32, the smallest head size vLLM's CPU attention supports.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    ),
+    "small": dict(
+        hidden_size=256,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+    ),
+}
+VOCAB_SIZE = 1024
+MAX_POSITIONS = 2048
+
+
+def init_model(size: ModelSize, out: Path, seed: int = 0) -> Path:
+    """Write a randomly initialised fp32 model of `size` plus its tokenizer to `out`; return `out`.
+
+    Deterministic: the same `size` and `seed` give bit-identical weights and the same tokenizer. The global
+    torch RNG state is left as it was.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    out = Path(out)
+    tokenizer = train_tokenizer(vocab_size=VOCAB_SIZE, seed=seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+        **SIZES[size],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Unique parameter count (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def perturbed_weights(model: torch.nn.Module, std: float, seed: int) -> dict[str, torch.Tensor]:
+    """Each parameter plus N(0, std²) noise drawn from `seed` (tied ones once): a stand-in "next policy
+    version" for weight-sync tests and demos that have no trainer. The model itself is not changed.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        name: p.detach() + std * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device)
+        for name, p in model.named_parameters()
+    }

@@ -1,0 +1,136 @@
+"""EnvManager: one environment's loop, `reset → (generate → step)*`, one trajectory at a time (§6.1).
+
+Nothing here waits for other environments. Every turn keeps the exact token delta, the behaviour
+log-probs, the policy version and timings. Max turns and max context end a trajectory as TRUNCATED
+(flagged, not an error); env errors and timeouts end it as FAILED with the reason; `should_abort`
+is consulted after every generation (the per-step staleness bound), and the task can be cancelled at
+any await point (redundant members) — the caller then marks it ABORTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.envs.base import Env
+from engine.rollout.chat import ChatFormat
+from engine.types import GenOutput, GenRequest, SamplingParams, Trajectory, TrajStatus, Turn
+
+AbortCheck = Callable[[Trajectory, int], str | None]  # (trajectory, version just served) -> reason
+
+
+class Generator(Protocol):
+    async def generate(self, request: GenRequest) -> GenOutput: ...
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_turns: int
+    max_tokens: int  # generation budget per turn
+    max_context: int  # tokens; the next turn must fit prompt + max_tokens
+    temperature: float = 1.0
+    env_timeout_s: float = 60.0
+
+
+def _never(_traj: Trajectory, _version: int) -> str | None:
+    return None
+
+
+async def _timed(aw: Awaitable, timeout_s: float) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    out = await asyncio.wait_for(aw, timeout_s)
+    return out, time.perf_counter() - t0
+
+
+class EnvManager:
+    def __init__(
+        self,
+        env: Env,
+        chat: ChatFormat,
+        generator: Generator,
+        limits: TurnLimits,
+        profile: str,
+        should_abort: AbortCheck = _never,
+    ):
+        self.env, self.chat, self.gen, self.limits = env, chat, generator, limits
+        self.profile = profile
+        self.should_abort = should_abort
+
+    async def run(self, traj: Trajectory) -> Trajectory:
+        """Play one episode into `traj` (mutated and returned). Raises only CancelledError."""
+        t0 = time.perf_counter()
+        try:
+            await self._play(traj)
+        except TimeoutError:
+            self._end(traj, TrajStatus.FAILED, "env_timeout")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken env or engine fails this trajectory, never the run
+            self._end(traj, TrajStatus.FAILED, f"{type(e).__name__}: {str(e)[:200]}")
+        finally:
+            traj.timings["total_s"] = time.perf_counter() - t0
+        return traj
+
+    @staticmethod
+    def _end(traj: Trajectory, status: TrajStatus, reason: str = "") -> None:
+        traj.status = status
+        if status == TrajStatus.TRUNCATED:
+            traj.info["truncated"] = reason
+        elif reason:
+            traj.failure = reason
+
+    async def _play(self, traj: Trajectory) -> None:
+        lim = self.limits
+        obs, env_s = await _timed(self.env.reset(traj.seed), lim.env_timeout_s)
+        traj.timings["env_s"] = env_s
+        obs_ids = self.chat.first(self.env.instructions, str(obs))
+        context = list(obs_ids)
+        for turn_no in range(lim.max_turns):
+            if len(context) + lim.max_tokens > lim.max_context:
+                return self._end(traj, TrajStatus.TRUNCATED, "max_context")
+            request = GenRequest(
+                request_id=f"{traj.traj_id}/{turn_no}",
+                prompt_ids=context,
+                sampling=SamplingParams(
+                    temperature=lim.temperature,
+                    max_tokens=lim.max_tokens,
+                    stop_token_ids=[self.chat.im_end_id],
+                ),
+                task=traj.task,
+                profile=self.profile,
+                trajectory_id=traj.traj_id,
+            )
+            out, gen_s = await _timed(self.gen.generate(request), float("inf"))
+            assert isinstance(out, GenOutput)
+            if out.finish_reason == "abort":
+                return self._end(traj, TrajStatus.ABORTED, "generation_aborted")
+            if traj.start_version < 0:
+                traj.start_version = out.version
+            action = self.chat.decode(out.token_ids)
+            turn = Turn(
+                observation=str(obs),
+                obs_ids=obs_ids,
+                action_text=action,
+                action_ids=out.token_ids,
+                action_logprobs=out.logprobs,
+                version=out.version,
+                gen_s=gen_s,
+            )
+            traj.turns.append(turn)
+            reason = self.should_abort(traj, out.version)
+            if reason:
+                return self._end(traj, TrajStatus.ABORTED, reason)
+            step, turn.env_s = await _timed(self.env.step(action), lim.env_timeout_s)
+            turn.env_reward = float(step.reward)
+            traj.timings["env_s"] += turn.env_s
+            traj.timings["gen_s"] = traj.timings.get("gen_s", 0.0) + gen_s
+            if step.done:
+                traj.info.update(step.info)
+                return self._end(traj, TrajStatus.DONE)
+            obs = step.observation
+            obs_ids = self.chat.next(str(obs), out.token_ids)
+            context = context + out.token_ids + obs_ids
+        return self._end(traj, TrajStatus.TRUNCATED, "max_turns")

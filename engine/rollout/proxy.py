@@ -1,0 +1,146 @@
+"""LLMProxy: the gateway between env loops and generation workers (paper §6.1).
+
+- Routing per request: the task's profile picks the preferred pool (affinity), then the least-loaded
+  worker there (fallback to a compatible pool when it is saturated); requests of one trajectory stick
+  to the worker that served its previous turn, for prefix-cache reuse, while that worker has room.
+- `suspend()` stops admitting new requests and waits until in-flight ones are done; `resume()` lets the
+  waiting ones through. The weight update happens in between.
+- Each request's timings (time held by a suspend, time in the worker, proxy overhead) are recorded.
+
+Plain async class; run it as a Ray async actor (`ray.remote(LLMProxy)`) to share it between env loops.
+Workers are local objects with `async generate(req)` or Ray actor handles with the same method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.core.routing import pick
+from engine.types import GenOutput, GenRequest
+
+
+@dataclass
+class GenSlot:
+    name: str
+    kind: str  # pool kind of the worker (gpu-compute / gpu-bandwidth ...)
+    target: Any  # object with `async generate(req)` / `abort(id)`, or a Ray actor handle
+    capacity: int = 64  # requests it batches at once before it counts as busy
+    outstanding: int = 0
+    calls: int = 0
+
+    async def _invoke(self, method: str, *args: Any) -> Any:
+        fn = getattr(self.target, method)
+        return await (fn.remote(*args) if hasattr(fn, "remote") else fn(*args))
+
+    async def generate(self, req: GenRequest) -> GenOutput:
+        return await self._invoke("generate", req)
+
+    async def abort(self, request_id: str) -> None:
+        if hasattr(self.target, "abort"):
+            await self._invoke("abort", request_id)
+
+
+@dataclass
+class ProxyStats:
+    requests: int = 0
+    sticky_hits: int = 0
+    fallbacks: int = 0
+    per_worker: Counter[str] = field(default_factory=Counter)
+    timings: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=20000))
+
+
+class LLMProxy:
+    def __init__(self, workers: list[GenSlot], max_sticky: int = 100_000):
+        if not workers:
+            raise ValueError("LLMProxy needs at least one generation worker")
+        self.workers = {w.name: w for w in workers}
+        self.stats = ProxyStats()
+        self._sticky: OrderedDict[str, str] = OrderedDict()  # trajectory -> worker, LRU-bounded
+        self._max_sticky = max_sticky
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- routing -----------------------------------------------------------------------------------
+    def _route(self, req: GenRequest) -> GenSlot:
+        name = self._sticky.get(req.trajectory_id) if req.trajectory_id else None
+        if name is not None:
+            w = self.workers.get(name)
+            if w is not None and w.outstanding < w.capacity:
+                self.stats.sticky_hits += 1
+                self._sticky.move_to_end(req.trajectory_id)
+                return w
+        w, fallback = pick(list(self.workers.values()), req.profile)
+        self.stats.fallbacks += fallback
+        if req.trajectory_id:
+            self._sticky[req.trajectory_id] = w.name
+            self._sticky.move_to_end(req.trajectory_id)
+            while len(self._sticky) > self._max_sticky:
+                self._sticky.popitem(last=False)
+        return w
+
+    def release(self, trajectory_id: str) -> None:
+        """The trajectory ended: forget its sticky worker."""
+        self._sticky.pop(trajectory_id, None)
+
+    # -- serving -----------------------------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> GenOutput:
+        t0 = time.perf_counter()
+        await self._open.wait()
+        t_admit = time.perf_counter()
+        w = self._route(req)
+        w.outstanding += 1
+        w.calls += 1
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            t_send = time.perf_counter()
+            out = await w.generate(req)
+        except asyncio.CancelledError:
+            await asyncio.shield(w.abort(req.request_id))  # don't leave the engine decoding for nobody
+            raise
+        finally:
+            w.outstanding -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        t_end = time.perf_counter()
+        self.stats.requests += 1
+        self.stats.per_worker[w.name] += 1
+        out.worker = w.name
+        out.timings.update(suspended_s=t_admit - t0, worker_s=t_end - t_send, proxy_s=(t_send - t_admit))
+        self.stats.timings.append(out.timings)
+        return out
+
+    async def suspend(self) -> float:
+        """Stop admitting requests; return once in-flight ones finished (seconds waited)."""
+        t0 = time.perf_counter()
+        self._open.clear()
+        await self._idle.wait()
+        return time.perf_counter() - t0
+
+    def resume(self) -> None:
+        self._open.set()
+
+    @property
+    def suspended(self) -> bool:
+        return not self._open.is_set()
+
+    def summary(self) -> dict[str, Any]:
+        t = list(self.stats.timings)
+        mean = (lambda k: sum(x.get(k, 0.0) for x in t) / len(t)) if t else (lambda k: 0.0)
+        return {
+            "requests": self.stats.requests,
+            "sticky_hits": self.stats.sticky_hits,
+            "fallbacks": self.stats.fallbacks,
+            "per_worker": dict(self.stats.per_worker),
+            "mean_worker_s": mean("worker_s"),
+            "mean_proxy_s": mean("proxy_s"),
+            "mean_suspended_s": mean("suspended_s"),
+        }

@@ -1,0 +1,76 @@
+"""Reward: score each trajectory the moment it finishes, without blocking rollout (paper §6.2).
+
+`RewardScorer` wraps any score function — a rule run in-process (the env's own return, a
+reasoning-gym scorer), a Ray actor, or a serverless endpoint (`infra.serverless.ServerlessClient`,
+e.g. an LLM judge on a scale-to-zero Ray Serve deployment). A failing call is retried with
+exponential backoff; after the last attempt the trajectory is marked FAILED with the reason, and a
+NaN or infinite score is a failure too (it would poison the group's advantages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from engine.types import Trajectory, TrajStatus
+
+ScoreFn = Callable[[Trajectory], "float | Awaitable[float]"]
+
+
+def env_return(traj: Trajectory) -> float:
+    """The rule reward: what the environment paid out over the episode."""
+    return traj.env_return
+
+
+def judge_payload(traj: Trajectory) -> dict[str, Any]:
+    """What a remote scorer (serverless endpoint, LLM judge) receives: JSON, no token ids."""
+    return {
+        "task": traj.task,
+        "seed": traj.seed,
+        "status": traj.status.value,
+        "env_return": traj.env_return,
+        "turns": [{"observation": t.observation, "action": t.action_text} for t in traj.turns],
+    }
+
+
+class RewardScorer:
+    def __init__(
+        self, score: ScoreFn = env_return, retries: int = 3, backoff_s: float = 0.1, timeout_s: float = 60.0
+    ):
+        self.score, self.retries, self.backoff_s, self.timeout_s = score, retries, backoff_s, timeout_s
+        self.counts: Counter[str] = Counter()
+
+    async def _once(self, traj: Trajectory) -> float:
+        value = self.score(traj)
+        if inspect.isawaitable(value):
+            value = await asyncio.wait_for(value, self.timeout_s)
+        return float(value)  # type: ignore[arg-type]
+
+    async def __call__(self, traj: Trajectory) -> Trajectory:
+        """Set `traj.reward`, or mark the trajectory FAILED with the reason."""
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.counts["retries"] += 1
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                value = await self._once(traj)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any scorer failure is retried, then counted
+                last = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            if not math.isfinite(value):
+                self.counts["failed_not_finite"] += 1
+                traj.status, traj.failure = TrajStatus.FAILED, f"reward_not_finite: {value}"
+                return traj
+            traj.reward = value
+            self.counts["scored"] += 1
+            return traj
+        self.counts["failed"] += 1
+        traj.status, traj.failure = TrajStatus.FAILED, f"reward_failed: {last}"
+        return traj

@@ -1,0 +1,270 @@
+"""RolloutScheduler: keeps E environments busy, one trajectory each, and streams them out (paper §6.1).
+
+Groups: a GRPO group of size G starts G + r members on the same task and seed (r = redundancy). The
+first G members whose episode ends well are kept and the rest are cancelled; a member that fails is
+replaced while the group can still be completed, else the whole group is dropped — a partial group is
+never trained. Each finished trajectory is scored at once (async reward) and put into the buffer;
+nothing waits for a batch. Tasks are sampled by weight from a seeded RNG.
+
+The staleness policy is applied at every version bump (`advance`): in-flight trajectories that
+started too long ago are aborted, and the buffer evicts old groups; in `areal` mode new groups are
+only admitted while the rollout is at most α versions ahead of the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.envs.base import Env
+from engine.rollout.buffer import SampleBuffer
+from engine.rollout.chat import ChatFormat
+from engine.rollout.env_manager import EnvManager, Generator, TurnLimits
+from engine.rollout.staleness import StalenessPolicy
+from engine.types import Trajectory, TrajStatus
+
+RewardFn = Callable[[Trajectory], Awaitable[Trajectory]]  # scores in place, or marks FAILED
+EnvFactory = Callable[["TaskSpec"], Env]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    env: str
+    env_args: dict[str, Any]
+    weight: float
+    group_size: int
+    limits: TurnLimits
+    profile: str
+
+
+@dataclass
+class _GroupRun:
+    group_id: str
+    task: TaskSpec
+    seed: int
+    to_launch: int  # members still to start
+    launched: int = 0
+    ok: int = 0  # members whose episode ended well: being scored or kept
+    kept: int = 0  # members accepted by the buffer
+    closed: bool = False
+    running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        tasks: list[TaskSpec],
+        chat: ChatFormat,
+        generator: Generator,
+        buffer: SampleBuffer,
+        reward: RewardFn,
+        env_factory: EnvFactory,
+        policy: StalenessPolicy,
+        concurrency: int,
+        redundancy: int = 0,
+        batch_groups: int = 1,
+        seed: int = 0,
+        max_refills: int = 8,
+    ):
+        if not tasks:
+            raise ValueError("at least one task is needed")
+        self.tasks, self.chat, self.gen, self.buffer = tasks, chat, generator, buffer
+        self.reward, self.env_factory, self.policy = reward, env_factory, policy
+        self.concurrency, self.redundancy, self.batch_groups = concurrency, redundancy, batch_groups
+        self.max_refills = max_refills  # per group
+        self.rng = random.Random(seed)
+        self.version = 0  # serving version (set by advance)
+        self.trainer_version = 0
+        self.counts: Counter[str] = Counter()
+        self.finished: deque[Trajectory] = deque(maxlen=100_000)  # ended trajectories, drained for metrics
+        self._slots = asyncio.Semaphore(concurrency)
+        self._groups: dict[str, _GroupRun] = {}
+        self._live: dict[str, Trajectory] = {}  # running trajectories by id
+        self._next_group = 0
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # -- control -----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Launch env loops until `stop()`; returns once every started member has ended."""
+        try:
+            while await self._free_slot():
+                group = await self._next_launch()
+                if group is None:
+                    self._slots.release()
+                    break
+                self._launch(group)
+        finally:
+            tasks = [t for g in self._groups.values() for t in g.running.values()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _free_slot(self) -> bool:
+        """Wait for a free env slot (True) or for `stop()` (False)."""
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if acquire.done() and not self._stop.is_set():
+            return True
+        if acquire.done():
+            self._slots.release()
+        else:
+            acquire.cancel()
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def drain_finished(self) -> list[Trajectory]:
+        out = list(self.finished)
+        self.finished.clear()
+        return out
+
+    async def advance(self, version: int, trainer_version: int | None = None) -> int:
+        """The serving version is now `version`: abort stale in-flight members, evict stale groups."""
+        self.version = version
+        self.trainer_version = version if trainer_version is None else trainer_version
+        aborted = 0
+        for g in list(self._groups.values()):
+            for traj_id, task in list(g.running.items()):
+                traj = self._live.get(traj_id)
+                reason = self.policy.stale(traj, version) if traj is not None else None
+                if traj is not None and reason:
+                    traj.failure = reason
+                    task.cancel()
+                    aborted += 1
+        self.counts["aborted_stale_in_flight"] += aborted
+        await self.buffer.advance(version)
+        self._wake.set()
+        return aborted
+
+    # -- launching ---------------------------------------------------------------------------------
+    async def _next_launch(self) -> _GroupRun | None:
+        """The group whose next member gets the free env slot: refills first, then a new group."""
+        while not self._stop.is_set():
+            for g in self._groups.values():
+                if g.to_launch > 0:
+                    return g
+            if self.policy.may_start(self._next_group, self.trainer_version, self.batch_groups):
+                return self._new_group()
+            self._wake.clear()
+            await self._wake.wait()
+        return None
+
+    def _new_group(self) -> _GroupRun:
+        task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
+        g = _GroupRun(
+            f"g{self._next_group}",
+            task,
+            self.rng.randrange(2**31),
+            to_launch=task.group_size + self.redundancy,
+        )
+        self._next_group += 1
+        self._groups[g.group_id] = g
+        self.counts["groups_started"] += 1
+        return g
+
+    def _launch(self, g: _GroupRun) -> None:
+        traj = Trajectory(
+            traj_id=f"{g.group_id}.m{g.launched}", group_id=g.group_id, task=g.task.name, seed=g.seed
+        )
+        g.to_launch -= 1
+        g.launched += 1
+        self._live[traj.traj_id] = traj
+        g.running[traj.traj_id] = asyncio.create_task(self._member(g, traj))
+        self.counts["trajectories_started"] += 1
+
+    # -- one member --------------------------------------------------------------------------------
+    async def _member(self, g: _GroupRun, traj: Trajectory) -> None:
+        try:
+            await self._play(g, traj)
+            g.running.pop(traj.traj_id, None)
+            if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
+                if g.closed or g.ok >= g.task.group_size:  # finished in the same instant as the G-th
+                    traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
+                else:
+                    g.ok += 1
+                    if g.ok == g.task.group_size:  # the first G are kept: cancel the rest
+                        g.to_launch = 0
+                        self._cancel(g, "redundant")
+                    await self.reward(traj)
+                    if traj.status == TrajStatus.FAILED:
+                        g.ok -= 1
+            await self._settle(g, traj)
+        finally:
+            self.finished.append(traj)
+            self.counts[f"trajectories_{traj.status.value}"] += 1
+
+    async def _play(self, g: _GroupRun, traj: Trajectory) -> None:
+        env: Env | None = None
+        try:
+            env = self.env_factory(g.task)
+            manager = EnvManager(
+                env, self.chat, self.gen, g.task.limits, g.task.profile, should_abort=self.policy.stale
+            )
+            await manager.run(traj)
+        except asyncio.CancelledError:
+            traj.status = TrajStatus.ABORTED
+            traj.failure = traj.failure or "shutdown"
+        except Exception as e:  # the env could not even be built
+            traj.status, traj.failure = TrajStatus.FAILED, f"env_init: {type(e).__name__}: {e}"
+        finally:
+            self._slots.release()
+            self._live.pop(traj.traj_id, None)
+            if env is not None:
+                with contextlib.suppress(Exception):  # a broken env's close must not fail accounting
+                    await env.close()
+            if hasattr(self.gen, "release"):
+                self.gen.release(traj.traj_id)
+
+    async def _settle(self, g: _GroupRun, traj: Trajectory) -> None:
+        """File the member, then decide the group's fate: complete, wait, refill, or drop whole."""
+        if g.closed:
+            return
+        if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
+            if not await self.buffer.put(traj, g.task.group_size):
+                return await self._drop(g, "evicted")  # e.g. the buffer evicted the group as stale
+            g.kept += 1
+            if g.kept == g.task.group_size:
+                return self._close(g, "complete")
+            return None
+        if traj.status == TrajStatus.FAILED:
+            self.counts[f"member_failed_{traj.failure.split(':')[0]}"] += 1
+        if traj.failure.startswith("stale"):
+            return await self._drop(g, "stale")  # its siblings are as old: refilling would not help
+        short = g.task.group_size - g.ok - len(g.running) - g.to_launch
+        if short <= 0 or self._stop.is_set():
+            return None
+        if g.launched + short - g.task.group_size - self.redundancy > self.max_refills:
+            return await self._drop(g, "incomplete")
+        g.to_launch += short
+        self.counts["members_refilled"] += short
+        self._wake.set()
+        return None
+
+    def _cancel(self, g: _GroupRun, reason: str) -> None:
+        for traj_id, task in g.running.items():
+            if traj_id in self._live:
+                self._live[traj_id].failure = self._live[traj_id].failure or reason
+            task.cancel()
+
+    async def _drop(self, g: _GroupRun, why: str) -> None:
+        self._cancel(g, f"group_dropped_{why}")
+        await self.buffer.drop_group(g.group_id, f"group_{why}")
+        self._close(g, f"dropped_{why}")
+
+    def _close(self, g: _GroupRun, how: str) -> None:
+        g.closed = True
+        g.to_launch = 0
+        self.counts[f"groups_{how}"] += 1
+        self._groups.pop(g.group_id, None)
+        self._wake.set()

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.models.tokenizer import IM_END, IM_START, PAD, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(vocab_size=1024, seed=0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello, world!",
+        "S F F F\nF H F H\nF F F H\nH F F G",
+        "<answer>Left</answer>",
+        '{"action": "Up", "score": -3.25}',
+        "naïve café — “quotes” ½ ∑ ∞",
+        "中文字符 日本語 한국어 עברית العربية",
+        "emoji 🤖🧊 family 👨‍👩‍👧 flag 🇫🇷 skin 👍🏽",
+        "zero\u200bwidth \u0000 null \t tab \r\n crlf \x7f del",
+        "e\u0301 combining vs é precomposed",
+        "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 astral \U0010ffff",
+        "  leading and trailing spaces  ",
+    ],
+)
+def test_any_text_round_trips_exactly(tok, text: str) -> None:
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+
+
+def test_special_tokens_and_eos(tok) -> None:
+    assert [tok.convert_tokens_to_ids(t) for t in (PAD, IM_START, IM_END)] == [0, 1, 2]
+    assert tok.eos_token == IM_END and tok.eos_token_id == 2
+    assert tok.pad_token == PAD and tok.pad_token_id == 0
+    assert tok.encode(f"{IM_START}user{IM_END}")[0] == 1
+    assert tok.encode(f"{IM_START}user{IM_END}")[-1] == 2
+
+
+def test_chat_template_is_qwen_style(tok) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    no_prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert no_prompt == text.removesuffix("<|im_start|>assistant\n")
+
+
+def test_vocabulary_fits_the_tasks(tok) -> None:
+    assert len(tok) == 1024
+    assert tok.tokenize("2025") == ["2", "0", "2", "5"]  # digits one per token
+    for word in ("Left", "Down", "Right", "Up", "answer"):
+        assert len(tok.tokenize(word)) == 1, word
+
+
+def test_training_is_deterministic(tok) -> None:
+    again = train_tokenizer(vocab_size=1024, seed=0)
+    assert again.get_vocab() == tok.get_vocab()
+    assert again.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()

@@ -1,0 +1,115 @@
+import asyncio
+
+import pytest
+
+from engine.rollout.proxy import GenSlot, LLMProxy
+from engine.types import GenOutput, GenRequest, SamplingParams
+
+
+class Engine:
+    """A worker whose requests finish only when the test releases them."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.gates: dict[str, asyncio.Event] = {}
+        self.aborted: list[str] = []
+
+    async def generate(self, req: GenRequest) -> GenOutput:
+        gate = self.gates.setdefault(req.request_id, asyncio.Event())
+        await gate.wait()
+        return GenOutput(req.request_id, [1], [-0.1], 0, "stop")
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def release_all(self) -> None:
+        for g in self.gates.values():
+            g.set()
+
+
+def req(rid: str, profile: str = "decode-heavy", traj: str = "") -> GenRequest:
+    return GenRequest(rid, [1, 2, 3], SamplingParams(), profile=profile, trajectory_id=traj)
+
+
+def proxy(capacity: int = 2):
+    engines = {n: Engine(n) for n in ("c0", "b0", "b1")}
+    kinds = {"c0": "gpu-compute", "b0": "gpu-bandwidth", "b1": "gpu-bandwidth"}
+    slots = [GenSlot(n, kinds[n], e, capacity=capacity) for n, e in engines.items()]
+    return LLMProxy(slots), engines
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_profile_routing_least_loaded_and_fallback():
+    p, engines = proxy(capacity=2)
+    tasks = [asyncio.ensure_future(p.generate(req(f"d{i}"))) for i in range(4)]
+    tasks.append(asyncio.ensure_future(p.generate(req("p0", profile="prefill-heavy"))))
+    await settle()
+    assert {n: len(e.gates) for n, e in engines.items()} == {"c0": 1, "b0": 2, "b1": 2}  # spread evenly
+    # the bandwidth pool is saturated (2 + 2): the next decode request falls back to the compute worker
+    tasks.append(asyncio.ensure_future(p.generate(req("d4"))))
+    await settle()
+    assert "d4" in engines["c0"].gates and p.stats.fallbacks == 1
+    for e in engines.values():
+        e.release_all()
+    outs = await asyncio.gather(*tasks)
+    assert [o.worker for o in outs][-2:] == ["c0", "c0"]
+    assert p.summary()["requests"] == 6 and p.summary()["per_worker"] == {"b0": 2, "b1": 2, "c0": 2}
+
+
+async def test_requests_of_a_trajectory_stick_to_one_worker():
+    p, engines = proxy(capacity=8)
+    for e in engines.values():
+        e.gates = _Open()
+    first = await p.generate(req("t/0", traj="t"))
+    for k in range(1, 5):
+        await p.generate(req(f"x/{k}", traj=f"x{k}"))  # other traffic moves the least-loaded choice around
+        assert (await p.generate(req(f"t/{k}", traj="t"))).worker == first.worker
+    assert p.stats.sticky_hits == 4
+    p.release("t")
+    assert "t" not in p._sticky
+
+
+class _Open(dict):
+    def setdefault(self, key, default=None):
+        ev = asyncio.Event()
+        ev.set()
+        return ev
+
+
+async def test_suspend_waits_for_in_flight_and_holds_new_requests_until_resume():
+    p, engines = proxy()
+    running = asyncio.ensure_future(p.generate(req("r0")))
+    await settle()
+    suspending = asyncio.ensure_future(p.suspend())
+    await settle()
+    assert not suspending.done()  # r0 is still in flight
+    held = asyncio.ensure_future(p.generate(req("r1")))
+    await settle()
+    assert all("r1" not in e.gates for e in engines.values())  # not admitted while suspended
+    for e in engines.values():
+        e.release_all()
+    await running
+    assert await asyncio.wait_for(suspending, 1) >= 0 and p.suspended
+    await settle()
+    assert not held.done()
+    p.resume()
+    await settle()
+    for e in engines.values():
+        e.release_all()
+    out = await asyncio.wait_for(held, 1)
+    assert out.timings["suspended_s"] > 0 and out.timings["worker_s"] >= 0
+
+
+async def test_cancelled_request_is_aborted_on_its_worker():
+    p, engines = proxy()
+    t = asyncio.ensure_future(p.generate(req("gone")))
+    await settle()
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert sum(e.aborted == ["gone"] for e in engines.values()) == 1
+    assert all(w.outstanding == 0 for w in p.workers.values())

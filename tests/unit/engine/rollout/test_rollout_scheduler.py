@@ -1,0 +1,165 @@
+import asyncio
+import time
+from collections import Counter
+
+from engine.envs.base import Env, EnvStep
+from engine.rollout.buffer import SampleBuffer
+from engine.rollout.chat import ChatFormat
+from engine.rollout.env_manager import TurnLimits
+from engine.rollout.reward import RewardScorer
+from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+from engine.rollout.staleness import StalenessPolicy
+from engine.types import TrajStatus
+from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
+
+
+class OneStep(Env):
+    """A one-step episode whose step takes `delay` seconds (or raises when delay is an exception)."""
+
+    name = "onestep"
+    alive = 0
+    peak = 0
+
+    def __init__(self, delay):
+        self.delay = delay
+
+    async def reset(self, seed: int) -> str:
+        OneStep.alive += 1
+        OneStep.peak = max(OneStep.peak, OneStep.alive)
+        return f"seed {seed}"
+
+    async def step(self, action: str) -> EnvStep:
+        if isinstance(self.delay, Exception):
+            raise self.delay
+        await asyncio.sleep(self.delay)
+        return EnvStep("", reward=self.delay, done=True)
+
+    async def close(self) -> None:
+        OneStep.alive -= 1
+
+
+def task(name="t", group_size=4, weight=1.0) -> TaskSpec:
+    return TaskSpec(name, "onestep", {}, weight, group_size, TurnLimits(2, 4, 1024), "decode-heavy")
+
+
+def scheduler(delays, tasks=None, concurrency=6, redundancy=0, mode="rollart", alpha=1, version=0, **kw):
+    created = []
+
+    def factory(spec):
+        d = delays(len(created)) if callable(delays) else delays[len(created)]
+        created.append(d)
+        return OneStep(d)
+
+    buf = SampleBuffer(alpha=alpha, capacity=1000)
+    gen = ScriptedGenerator(lambda k: "ok", version=version)
+    s = RolloutScheduler(
+        tasks or [task()],
+        ChatFormat(tokenizer()),
+        gen,
+        buf,
+        RewardScorer(),
+        factory,
+        StalenessPolicy(mode, alpha),
+        concurrency,
+        redundancy,
+        **kw,
+    )
+    return s, buf, gen, created
+
+
+async def run_until(s, cond, timeout=5.0):
+    runner = asyncio.ensure_future(s.run())
+    t0 = time.perf_counter()
+    while not cond():
+        assert time.perf_counter() - t0 < timeout, s.counts
+        await asyncio.sleep(0.005)
+    s.stop()
+    await asyncio.wait_for(runner, 5)
+
+
+async def test_redundant_members_first_g_kept_rest_cancelled():
+    delays = lambda i: [0.01, 0.02, 0.03, 0.04, 2.0, 2.0][i] if i < 6 else 2.0  # noqa: E731
+    s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
+    t0 = time.perf_counter()
+    batch_task = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    runner = asyncio.ensure_future(s.run())
+    [group] = await asyncio.wait_for(batch_task, 2)
+    elapsed = time.perf_counter() - t0
+    s.stop()
+    await runner
+    assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
+    assert elapsed < 1.0  # did not wait for the two 2-second stragglers
+    done = [t for t in s.finished if t.group_id == "g0"]
+    assert Counter(t.status for t in done) == {TrajStatus.DONE: 4, TrajStatus.ABORTED: 2}
+    assert {t.failure for t in done if t.status == TrajStatus.ABORTED} == {"redundant"}
+    assert s.counts["groups_complete"] == 1
+
+
+async def test_failed_member_is_replaced_so_the_group_completes_whole():
+    delays = lambda i: OSError("sandbox lost") if i == 0 else 0.01  # noqa: E731
+    s, buf, _, _ = scheduler(delays, tasks=[task(group_size=2)], concurrency=2)
+    batch = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    await run_until(s, batch.done)
+    [group] = batch.result()
+    assert [m.traj_id for m in group.members] == ["g0.m1", "g0.m2"]
+    assert s.counts["members_refilled"] == 1 and s.counts["member_failed_OSError"] == 1
+
+
+async def test_group_that_cannot_be_completed_is_dropped_whole():
+    s, buf, _, _ = scheduler(
+        lambda i: OSError("down"), tasks=[task(group_size=2)], concurrency=2, max_refills=2
+    )
+    await run_until(s, lambda: s.counts["groups_dropped_incomplete"] >= 1)
+    assert buf.complete_groups() == [] and len(buf) == 0
+
+
+async def test_concurrency_bound_is_kept_and_filled():
+    OneStep.peak = OneStep.alive = 0
+    s, *_ = scheduler(lambda i: 0.005, tasks=[task(group_size=2)], concurrency=3)
+    await run_until(s, lambda: s.counts["groups_complete"] >= 10)
+    assert OneStep.peak == 3 and OneStep.alive == 0
+
+
+async def test_trajectories_stream_into_the_buffer_without_waiting_for_siblings():
+    s, buf, _, _ = scheduler(lambda i: 0.01 if i == 0 else 1.0, tasks=[task(group_size=2)], concurrency=2)
+    await run_until(s, lambda: buf.stats.put >= 1, timeout=0.9)  # the sibling is still in its 1 s step
+    assert s.counts["trajectories_started"] >= 2
+
+
+async def test_version_bump_aborts_stale_in_flight_members_and_drops_their_group():
+    s, *_ = scheduler(lambda i: 5.0, tasks=[task(group_size=2)], concurrency=2, alpha=1, version=0)
+    runner = asyncio.ensure_future(s.run())
+    while s.counts["trajectories_started"] < 2 or any(t.start_version < 0 for t in s._live.values()):
+        await asyncio.sleep(0.005)
+    assert await s.advance(1) == 0  # v0 is within alpha=1 of v1
+    assert await s.advance(2) == 2  # v0 < 2 - 1: both in-flight members are stale
+    await asyncio.sleep(0.05)
+    s.stop()
+    await runner
+    stale = [t for t in s.finished if t.failure.startswith("stale")]
+    assert len(stale) == 2 and all(t.status == TrajStatus.ABORTED for t in stale)
+    assert s.counts["groups_dropped_stale"] == 1 and s.counts["aborted_stale_in_flight"] == 2
+
+
+async def test_areal_admits_groups_only_within_alpha_of_the_trainer():
+    s, *_ = scheduler(
+        lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, mode="areal", alpha=1, batch_groups=1
+    )
+    runner = asyncio.ensure_future(s.run())
+    while s.counts["groups_complete"] < 2:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    assert s.counts["groups_started"] == 2  # (trainer v0 + alpha 1 + 1) * 1 group
+    await s.advance(1)
+    while s.counts["groups_started"] < 3:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    assert s.counts["groups_started"] == 3
+    s.stop()
+    await runner
+
+
+def test_tasks_are_sampled_by_weight():
+    s, *_ = scheduler(lambda i: 0.0, tasks=[task("a", weight=3.0), task("b", weight=1.0)])
+    names = Counter(s._new_group().task.name for _ in range(2000))
+    assert abs(names["a"] / 2000 - 0.75) < 0.03
