@@ -136,7 +136,8 @@ class SampleBuffer:
             return len(self.complete_groups()) >= num_groups
 
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait_for(ready)
             batch = sorted(self.complete_groups(), key=lambda g: (g.start_version, g.group_id))[:num_groups]
             for g in batch:
                 del self._groups[g.group_id]

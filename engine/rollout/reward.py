@@ -47,7 +47,8 @@ class RewardScorer:
     async def _once(self, traj: Trajectory) -> float:
         value = self.score(traj)
         if inspect.isawaitable(value):
-            value = await asyncio.wait_for(value, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                value = await value
         return float(value)  # type: ignore[arg-type]
 
     async def __call__(self, traj: Trajectory) -> Trajectory:

@@ -25,6 +25,7 @@ from engine.envs.base import Env
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import EnvManager, Generator, TurnLimits
+from engine.rollout.lockstep import LockstepGenerator
 from engine.rollout.staleness import StalenessPolicy
 from engine.types import Trajectory, TrajStatus
 
@@ -50,6 +51,7 @@ class _GroupRun:
     seed: int
     to_launch: int  # members still to start
     launched: int = 0
+    gen: Generator | None = None  # the wave's lockstep generator in batch granularity
     ok: int = 0  # members whose episode ended well: being scored or kept
     kept: int = 0  # members accepted by the buffer
     closed: bool = False
@@ -71,6 +73,7 @@ class RolloutScheduler:
         batch_groups: int = 1,
         seed: int = 0,
         max_refills: int = 8,
+        granularity: str = "trajectory",
     ):
         if not tasks:
             raise ValueError("at least one task is needed")
@@ -78,6 +81,15 @@ class RolloutScheduler:
         self.reward, self.env_factory, self.policy = reward, env_factory, policy
         self.concurrency, self.redundancy, self.batch_groups = concurrency, redundancy, batch_groups
         self.max_refills = max_refills  # per group
+        if granularity not in ("trajectory", "batch"):
+            raise ValueError(f"granularity must be 'trajectory' or 'batch', got {granularity!r}")
+        wave = batch_groups * (max(t.group_size for t in tasks) + redundancy)
+        if granularity == "batch" and concurrency < wave:
+            raise ValueError(
+                f"batch granularity runs {batch_groups} groups at once ({wave} envs): "
+                f"rollout.concurrency must be >= {wave}, got {concurrency}"
+            )
+        self.granularity = granularity
         self.rng = random.Random(seed)
         self.version = 0  # serving version (set by advance)
         self.trainer_version = 0
@@ -154,7 +166,10 @@ class RolloutScheduler:
             for g in self._groups.values():
                 if g.to_launch > 0:
                     return g
-            if self.policy.may_start(self._next_group, self.trainer_version, self.batch_groups):
+            if self.granularity == "batch":
+                if not self._groups:  # the previous wave is over: start the next one
+                    return self._new_wave()
+            elif self.policy.may_start(self._next_group, self.trainer_version, self.batch_groups):
                 return self._new_group()
             self._wake.clear()
             await self._wake.wait()
@@ -172,6 +187,14 @@ class RolloutScheduler:
         self._groups[g.group_id] = g
         self.counts["groups_started"] += 1
         return g
+
+    def _new_wave(self) -> _GroupRun:
+        groups = [self._new_group() for _ in range(self.batch_groups)]
+        lockstep = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
+        for g in groups:
+            g.gen = lockstep
+        self.counts["waves"] += 1
+        return groups[0]
 
     def _launch(self, g: _GroupRun) -> None:
         traj = Trajectory(
@@ -209,7 +232,12 @@ class RolloutScheduler:
         try:
             env = self.env_factory(g.task)
             manager = EnvManager(
-                env, self.chat, self.gen, g.task.limits, g.task.profile, should_abort=self.policy.stale
+                env,
+                self.chat,
+                g.gen or self.gen,
+                g.task.limits,
+                g.task.profile,
+                should_abort=self.policy.stale,
             )
             await manager.run(traj)
         except asyncio.CancelledError:
@@ -223,8 +251,9 @@ class RolloutScheduler:
             if env is not None:
                 with contextlib.suppress(Exception):  # a broken env's close must not fail accounting
                     await env.close()
-            if hasattr(self.gen, "release"):
-                self.gen.release(traj.traj_id)
+            gen = g.gen or self.gen
+            if hasattr(gen, "release"):
+                gen.release(traj.traj_id)
 
     async def _settle(self, g: _GroupRun, traj: Trajectory) -> None:
         """File the member, then decide the group's fate: complete, wait, refill, or drop whole."""
@@ -247,6 +276,9 @@ class RolloutScheduler:
         if g.launched + short - g.task.group_size - self.redundancy > self.max_refills:
             return await self._drop(g, "incomplete")
         g.to_launch += short
+        for _ in range(short):
+            if isinstance(g.gen, LockstepGenerator):
+                g.gen.join()
         self.counts["members_refilled"] += short
         self._wake.set()
         return None
