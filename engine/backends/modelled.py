@@ -1,0 +1,483 @@
+"""Modelled generation: a continuous-batching engine whose compute is a roofline of a device (DESIGN §5).
+
+The control plane (proxy, env loops, buffer, weight sync) is real; only the GPU is replaced. Requests
+queue; each engine *iteration* admits waiting requests while the batch has room, prefills their prompt
+tokens that are not in the prefix cache, and runs one decode step that gives every running sequence one
+token (`prefill_s` + `decode_step_s` of `engine.devices`, KV of every running context included). A request
+leaves the batch after its number of output tokens; it gets fixed token ids (`token_id`), log-probs of
+`LOGPROB` each and the version at admission. Time is real but scaled: the engine waits
+`time_scale` wall seconds per modelled second, so the callers feel the queueing and batching.
+
+Cheap to simulate: between *events* (an admission or a finish) the batch is fixed and a step's KV grows
+linearly, so the engine advances many steps at once in closed form (`decode_steps_s`) — O(events), not
+O(steps x batch). Sleeps shorter than `min_sleep_s` (wall) are not taken one by one: the engine runs
+iterations until it owes at least `min_sleep_s`, sleeps that much, then returns the requests that finished
+meanwhile. Oversleeping (a loaded event loop) is credited against the next iterations, so throughput keeps
+to modelled x time_scale; the price is that an arrival joins the batch up to `min_sleep_s` late and a
+result may come back that much early or late. Idle, no task runs: the next request starts the engine.
+
+Prefix cache: per trajectory, the token ids whose KV the previous turn left behind (prompt + output),
+kept in an LRU bounded in tokens (default: the KV that fits in device memory next to the weights). A turn
+prefills only the tokens after the longest common prefix with its trajectory's entry. New weights
+(`load_weights`) empty the cache and re-prefill the running sequences' contexts at the next iteration,
+as a real engine recomputes KV after an update. Memory bounds only the prefix cache: the running batch is
+bounded by `max_batch`, not by KV memory (no preemption is modelled).
+
+`PDBackend` adds PD disaggregation (see its docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine.backends.base import GenerationBackend
+from engine.devices import (
+    DeviceProfile,
+    ModelProfile,
+    decode_step_s,
+    decode_steps_s,
+    kv_capacity_tokens,
+    kv_transfer_s,
+    prefill_s,
+)
+from engine.types import GenOutput, GenRequest
+
+LOGPROB = -1.0  # behaviour log-prob reported for every fake token
+OutputTokens = int | Callable[[GenRequest, random.Random], int] | None
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request's state inside the engine."""
+
+    request: GenRequest
+    future: asyncio.Future[GenOutput]
+    target: int  # output tokens it will generate
+    submitted: float  # wall clock
+    admitted: float = 0.0  # wall clock, when it joined the decode batch
+    version: int = -1
+    prefilled: bool = False  # prompt KV already computed elsewhere (PD)
+    prefill_tokens: int = 0  # prompt tokens computed, i.e. not found in the prefix cache
+    cached_tokens: int = 0
+    start_step: int = 0  # engine decode step that produces its first token
+    started_s: float = 0.0  # engine busy clock (modelled s) at admission
+    generated: int = 0
+    modelled_s: float = 0.0  # modelled seconds from admission to leaving the batch
+    finish_reason: str = ""
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    finished: int = 0
+    aborted: int = 0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    recomputed_tokens: int = 0  # running contexts re-prefilled after new weights
+    generated_tokens: int = 0
+
+
+class _PrefixCache:
+    """LRU of the token ids whose KV each trajectory left in the cache, bounded in tokens."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity = capacity_tokens
+        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self._tokens = 0
+
+    def hit(self, trajectory_id: str, prompt: list[int]) -> int:
+        """Prompt tokens already cached: the common prefix with the trajectory's entry."""
+        cached = self._entries.get(trajectory_id) if trajectory_id else None
+        if cached is None:
+            return 0
+        self._entries.move_to_end(trajectory_id)
+        n = min(len(cached), len(prompt))
+        if cached[:n] == prompt[:n]:
+            return n
+        return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=False)) if a != b)
+
+    def store(self, trajectory_id: str, ids: list[int]) -> None:
+        if not trajectory_id:
+            return
+        old = self._entries.pop(trajectory_id, None)
+        self._tokens -= len(old) if old is not None else 0
+        if len(ids) > self.capacity:
+            return
+        self._entries[trajectory_id] = ids
+        self._tokens += len(ids)
+        while self._tokens > self.capacity:
+            self._tokens -= len(self._entries.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
+
+
+class _Pacer:
+    """Turns modelled seconds into wall-clock waiting, one sleep per `min_sleep_s` owed (module doc)."""
+
+    def __init__(self, time_scale: float, min_sleep_s: float) -> None:
+        self.time_scale = time_scale
+        self.min_sleep_s = min_sleep_s
+        self.debt = 0.0  # wall seconds owed; negative = overslept, credited to the next iterations
+
+    def owe(self, modelled_s: float) -> None:
+        self.debt += modelled_s * self.time_scale
+
+    @property
+    def due(self) -> bool:
+        return self.debt >= self.min_sleep_s
+
+    def budget_s(self) -> float:
+        """Modelled seconds that may still run before a sleep is due."""
+        return (self.min_sleep_s - self.debt) / self.time_scale
+
+    async def pay(self) -> None:
+        if self.debt <= 0:
+            await asyncio.sleep(0)  # let arrivals in even when running on credit
+            return
+        t0 = time.perf_counter()
+        await asyncio.sleep(self.debt)
+        self.debt -= time.perf_counter() - t0
+
+    def reset(self) -> None:
+        self.debt = 0.0
+
+
+class ModelledBackend(GenerationBackend):
+    """Continuous batching on a modelled `device` running `model` over `tp` devices (module doc).
+
+    `output_tokens`: how many tokens a request generates, capped by its `sampling.max_tokens` (None: always
+    `max_tokens`; an int; or `f(request, rng)` with an rng seeded by `seed` and the request id, so a
+    request's length does not depend on arrival order). Hitting the cap reports "length", else "stop".
+    """
+
+    def __init__(
+        self,
+        model: ModelProfile,
+        device: DeviceProfile,
+        tp: int = 1,
+        time_scale: float = 1e-3,
+        max_batch: int = 256,
+        prefix_cache: bool = True,
+        output_tokens: OutputTokens = None,
+        seed: int = 0,
+        *,
+        mfu: float = 1.0,
+        mbu: float = 1.0,
+        cache_tokens: int | None = None,
+        token_id: int = 0,
+        min_sleep_s: float = 1e-3,
+    ) -> None:
+        if tp < 1 or max_batch < 1:
+            raise ValueError(f"need tp >= 1 and max_batch >= 1, got tp={tp}, max_batch={max_batch}")
+        if time_scale <= 0 or min_sleep_s < 0:
+            raise ValueError(f"need time_scale > 0 and min_sleep_s >= 0, got {time_scale}, {min_sleep_s}")
+        if not (0 < mfu <= 1 and 0 < mbu <= 1):
+            raise ValueError(f"mfu and mbu are fractions of peak in (0, 1], got {mfu}, {mbu}")
+        self.model, self.device, self.tp = model, device, tp
+        self.time_scale, self.max_batch = time_scale, max_batch
+        self.mfu, self.mbu, self.token_id = mfu, mbu, token_id
+        self.version = 0
+        capacity = kv_capacity_tokens(model, device, tp) if cache_tokens is None else cache_tokens
+        self._cache = _PrefixCache(capacity) if prefix_cache else None
+        self._output_tokens = output_tokens
+        self._seed = seed
+        self._pacer = _Pacer(time_scale, min_sleep_s)
+        self._inflight: dict[str, _Seq] = {}
+        self._waiting: deque[_Seq] = deque()
+        self._running: dict[str, _Seq] = {}
+        self._finishing: list[tuple[int, int, _Seq]] = []  # heap of (finish step, tie-break, seq)
+        self._order = itertools.count()
+        self._step = 0  # decode steps run so far
+        self._context = 0  # KV tokens the next decode step reads: the running contexts, summed
+        self._stale = False  # new weights: running KV must be recomputed
+        self._busy_s = 0.0  # modelled seconds the device worked
+        self._created = time.perf_counter()
+        self._counters = _Counters()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # ---- public API -------------------------------------------------------------------------------
+
+    async def generate(self, request: GenRequest) -> GenOutput:
+        rid = request.request_id
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        if not request.prompt_ids:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if request.sampling.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1")
+        future: asyncio.Future[GenOutput] = asyncio.get_running_loop().create_future()
+        seq = _Seq(request, future, self._target(request), submitted=time.perf_counter())
+        self._inflight[rid] = seq
+        self._counters.requests += 1
+        self._submit(seq)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._drop(seq)  # the caller gave up: free the batch slot now
+            raise
+
+    def load_weights(self, named_tensors: Iterable[Any], version: int) -> None:
+        """No weights to copy: later admissions carry `version`; running KV is recomputed (module doc)."""
+        self.version = version
+        self._stale = bool(self._running)
+        if self._cache is not None:
+            self._cache.clear()
+
+    async def abort(self, request_id: str) -> None:
+        seq = self._inflight.get(request_id)
+        if seq is not None:
+            self._drop(seq)
+
+    async def close(self) -> None:
+        for seq in list(self._inflight.values()):
+            self._drop(seq)
+        if self._loop_task is not None:
+            await self._loop_task
+
+    def stats(self) -> dict[str, float]:
+        """Counters, modelled busy and elapsed seconds, and utilisation = busy / elapsed."""
+        elapsed = (time.perf_counter() - self._created) / self.time_scale
+        return {
+            **asdict(self._counters),
+            "running": len(self._running),
+            "waiting": sum(not s.finish_reason for s in self._waiting),  # aborted ones leave lazily
+            "decode_steps": self._step,
+            "busy_s": self._busy_s,
+            "elapsed_s": elapsed,
+            "utilisation": min(1.0, self._busy_s / elapsed),
+        }
+
+    # ---- engine -----------------------------------------------------------------------------------
+
+    def _target(self, request: GenRequest) -> int:
+        cap = request.sampling.max_tokens
+        spec = self._output_tokens
+        if spec is None:
+            return cap
+        rng = random.Random(f"{self._seed}:{request.request_id}")
+        n = spec if isinstance(spec, int) else spec(request, rng)
+        if n < 1:
+            raise ValueError(f"output_tokens gave {n} tokens for request {request.request_id!r}; need >= 1")
+        return min(n, cap)
+
+    def _submit(self, seq: _Seq) -> None:
+        """Queue for admission to the batch (PD first sends it through its prefill stage)."""
+        self._waiting.append(seq)
+        self._ensure_loop()
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run())
+
+    def _prefill_cost(self, tokens: int) -> float:
+        """Modelled seconds to (re)compute the KV of `tokens` tokens for the decode batch."""
+        return prefill_s(self.model, self.device, tokens, self.tp, mfu=self.mfu)
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting or self._running:
+                done: list[_Seq] = []
+                while (self._waiting or self._running) and not self._pacer.due:
+                    done += self._iterate()
+                await self._pacer.pay()
+                for seq in done:
+                    self._resolve(seq)
+        except Exception as exc:  # an engine bug must fail its callers, not hang them
+            for seq in list(self._inflight.values()):
+                if not seq.future.done():
+                    seq.future.set_exception(exc)
+            raise
+        finally:
+            self._loop_task = None
+            self._pacer.reset()
+
+    def _iterate(self) -> list[_Seq]:
+        """Admit and prefill, then decode steps of the batch up to the next finish (or the sleep budget)."""
+        prefill = self._context if self._stale else 0
+        self._counters.recomputed_tokens += prefill
+        self._stale = False
+        now = time.perf_counter()
+        while self._waiting and len(self._running) < self.max_batch:
+            seq = self._waiting.popleft()
+            if not seq.finish_reason:  # else aborted while waiting
+                prefill += self._admit(seq, now)
+        cost = self._prefill_cost(prefill)
+        while self._finishing and self._finishing[0][2].finish_reason:  # aborted while running
+            heapq.heappop(self._finishing)
+        if self._running:
+            batch = len(self._running)
+            first = decode_step_s(
+                self.model, self.device, self._context, self.tp, seqs=batch, mbu=self.mbu, mfu=self.mfu
+            )
+            within_budget = max(1, int((self._pacer.budget_s() - cost) / first))
+            steps = min(self._finishing[0][0] - self._step, within_budget)
+            cost += decode_steps_s(
+                self.model, self.device, self._context, steps, self.tp, seqs=batch, mbu=self.mbu, mfu=self.mfu
+            )
+            self._step += steps
+            self._context += batch * steps
+        self._busy_s += cost
+        self._pacer.owe(cost)
+        done = []
+        while self._finishing and self._finishing[0][0] <= self._step:
+            seq = heapq.heappop(self._finishing)[2]
+            if not seq.finish_reason:
+                self._leave(seq, "length" if seq.target == seq.request.sampling.max_tokens else "stop")
+                done.append(seq)
+        return done
+
+    def _lookup(self, seq: _Seq) -> int:
+        """Split the prompt into cached and to-be-prefilled tokens; return the latter."""
+        prompt = seq.request.prompt_ids
+        cached = self._cache.hit(seq.request.trajectory_id, prompt) if self._cache is not None else 0
+        seq.cached_tokens, seq.prefill_tokens = cached, len(prompt) - cached
+        self._counters.cached_tokens += cached
+        self._counters.prefill_tokens += seq.prefill_tokens
+        return seq.prefill_tokens
+
+    def _admit(self, seq: _Seq, now: float) -> int:
+        """Put `seq` in the decode batch; return the prompt tokens to prefill on this device."""
+        to_prefill = 0 if seq.prefilled else self._lookup(seq)
+        seq.admitted, seq.version = now, self.version
+        seq.start_step, seq.started_s = self._step, self._busy_s
+        self._running[seq.request.request_id] = seq
+        self._context += len(seq.request.prompt_ids)
+        heapq.heappush(self._finishing, (self._step + seq.target, next(self._order), seq))
+        return to_prefill
+
+    def _leave(self, seq: _Seq, reason: str) -> None:
+        """Take a running `seq` out of the batch; its KV (prompt + output) goes to the prefix cache."""
+        del self._running[seq.request.request_id]
+        seq.generated = self._step - seq.start_step
+        seq.modelled_s = self._busy_s - seq.started_s
+        seq.finish_reason = reason
+        self._context -= len(seq.request.prompt_ids) + seq.generated
+        self._counters.generated_tokens += seq.generated
+        self._counters.finished += reason != "abort"
+        if self._cache is not None:
+            self._cache.store(
+                seq.request.trajectory_id, seq.request.prompt_ids + [self.token_id] * seq.generated
+            )
+
+    def _drop(self, seq: _Seq) -> None:
+        """Abort `seq` wherever it is; a finished one waiting for its pacing sleep is left alone."""
+        if seq.finish_reason:
+            return
+        if seq.request.request_id in self._running:
+            self._leave(seq, "abort")
+        seq.finish_reason = "abort"  # queued seqs are skipped when their stage reaches them
+        self._counters.aborted += 1
+        self._resolve(seq)
+
+    def _resolve(self, seq: _Seq) -> None:
+        self._inflight.pop(seq.request.request_id, None)
+        if seq.future.done():  # the caller was cancelled
+            return
+        now = time.perf_counter()
+        admitted = seq.admitted or now
+        n = seq.generated
+        seq.future.set_result(
+            GenOutput(
+                request_id=seq.request.request_id,
+                token_ids=[self.token_id] * n,
+                logprobs=[LOGPROB] * n,
+                version=seq.version if seq.version >= 0 else self.version,
+                finish_reason=seq.finish_reason,
+                timings={
+                    "queue_s": admitted - seq.submitted,
+                    "gen_s": now - admitted,
+                    "modelled_s": seq.modelled_s,
+                    "prefill_tokens": seq.prefill_tokens,
+                    "cached_tokens": seq.cached_tokens,
+                },
+            )
+        )
+
+
+class PDBackend(ModelledBackend):
+    """PD disaggregation: prompts are prefilled on `prefill_device`, decoded on `decode_device`.
+
+    A prefill stage takes every request queued at that moment as one batch, charges
+    `prefill_s` (on `prefill_tp` prefill devices) plus `kv_transfer_s` of the prefilled tokens over
+    `link_bytes_per_s`, one after the other (no overlap of compute and transfer), and hands the batch to
+    the decode engine, which then only decodes. The prefix cache stays per trajectory as in the base class
+    (the decode side keeps the KV of earlier turns, so only uncached tokens are prefilled and shipped).
+    KV recomputed after new weights is prefilled and shipped the same way, and stalls the decode batch.
+    The default link is one 400 Gb/s RDMA NIC (an assumption: prefill and decode pools are different
+    machines, so NVLink does not apply).
+    """
+
+    def __init__(
+        self,
+        model: ModelProfile,
+        prefill_device: DeviceProfile,
+        decode_device: DeviceProfile,
+        *,
+        prefill_tp: int = 1,
+        decode_tp: int = 1,
+        link_bytes_per_s: float = 400e9 / 8,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, decode_device, decode_tp, **kwargs)
+        if prefill_tp < 1 or link_bytes_per_s <= 0:
+            raise ValueError(
+                f"need prefill_tp >= 1 and link_bytes_per_s > 0, got {prefill_tp}, {link_bytes_per_s}"
+            )
+        self.prefill_device, self.prefill_tp = prefill_device, prefill_tp
+        self.link_bytes_per_s = link_bytes_per_s
+        self._prefill_queue: deque[_Seq] = deque()
+        self._prefill_pacer = _Pacer(self.time_scale, 0.0)
+        self._prefill_task: asyncio.Task[None] | None = None
+        self._prefill_busy_s = 0.0
+        self._transfer_s = 0.0
+
+    def stats(self) -> dict[str, float]:
+        """The decode engine's stats plus the prefill device's busy seconds, utilisation and transfer time."""
+        out = super().stats()
+        out["prefill_busy_s"] = self._prefill_busy_s
+        out["prefill_utilisation"] = min(1.0, self._prefill_busy_s / out["elapsed_s"])
+        out["kv_transfer_s"] = self._transfer_s
+        return out
+
+    async def close(self) -> None:
+        await super().close()
+        if self._prefill_task is not None:
+            await self._prefill_task
+
+    def _submit(self, seq: _Seq) -> None:
+        self._prefill_queue.append(seq)
+        if self._prefill_task is None:
+            self._prefill_task = asyncio.create_task(self._run_prefill())
+
+    def _prefill_cost(self, tokens: int) -> float:
+        compute = prefill_s(self.model, self.prefill_device, tokens, self.prefill_tp, mfu=self.mfu)
+        transfer = kv_transfer_s(self.model, tokens, self.link_bytes_per_s)
+        self._prefill_busy_s += compute
+        self._transfer_s += transfer
+        return compute + transfer
+
+    async def _run_prefill(self) -> None:
+        try:
+            while self._prefill_queue:
+                batch = [s for s in self._prefill_queue if not s.finish_reason]
+                self._prefill_queue.clear()
+                self._prefill_pacer.owe(self._prefill_cost(sum(self._lookup(s) for s in batch)))
+                await self._prefill_pacer.pay()
+                for seq in batch:
+                    if not seq.finish_reason:
+                        seq.prefilled = True
+                        self._waiting.append(seq)
+                self._ensure_loop()
+        finally:
+            self._prefill_task = None
+            self._prefill_pacer.reset()

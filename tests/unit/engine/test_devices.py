@@ -1,0 +1,116 @@
+"""Roofline times against hand-computed numbers.
+
+The toy model has round numbers: 1e9 params (2e9 weight bytes), KV = 2 (K,V) * 10 layers * 2 heads *
+100 dims * 2 bytes = 8000 bytes per token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.devices import (
+    DEVICES,
+    DeviceProfile,
+    ModelProfile,
+    decode_step_s,
+    decode_steps_s,
+    get_device,
+    get_model,
+    kv_capacity_tokens,
+    kv_transfer_s,
+    prefill_s,
+)
+
+TOY = ModelProfile("toy-1b", params=1e9, active_params=1e9, layers=10, kv_heads=2, head_dim=100)
+H800, H20, H200 = get_device("H800"), get_device("H20"), get_device("H200")
+
+
+def test_datasheet_figures() -> None:
+    assert (H800.peak_flops, H800.hbm_bytes_per_s, H800.memory_bytes) == (989e12, 3.35e12, 80e9)
+    assert (H20.peak_flops, H20.hbm_bytes_per_s, H20.memory_bytes) == (148e12, 4.0e12, 96e9)
+    assert (H200.peak_flops, H200.hbm_bytes_per_s, H200.memory_bytes) == (989e12, 4.8e12, 141e9)
+    assert set(DEVICES) == {"H800", "H20", "H200"}
+
+
+def test_lookup_is_case_insensitive_and_names_the_known_ones() -> None:
+    assert get_device("h20") is H20
+    assert get_model("Qwen2.5-7B").layers == 28
+    with pytest.raises(KeyError, match="unknown device profile 'B200'; known: H800, H20, H200"):
+        get_device("B200")
+    with pytest.raises(KeyError, match="unknown model profile"):
+        get_model("gpt-5")
+
+
+def test_kv_bytes_per_token() -> None:
+    assert TOY.kv_bytes_per_token == 8000
+    assert get_model("qwen2.5-7b").kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57344
+    assert get_model("qwen2.5-32b").kv_bytes_per_token == 262144
+    assert get_model("qwen3-30b-a3b").kv_bytes_per_token == 98304
+
+
+# Prefill of 10_000 tokens: 2 * 1e9 * 1e4 = 2e13 FLOPs. Decode with 100_000 tokens of context, one sequence:
+# 2e9 weight bytes + 8e8 KV bytes = 2.8e9 bytes (its compute, 2e9 FLOPs, is far below the memory time).
+@pytest.mark.parametrize(
+    ("device", "prefill", "decode"),
+    [
+        (H800, 2e13 / 989e12, 2.8e9 / 3.35e12),  # 20.22 ms, 0.836 ms
+        (H20, 2e13 / 148e12, 2.8e9 / 4.0e12),  # 135.1 ms, 0.700 ms
+        (H200, 2e13 / 989e12, 2.8e9 / 4.8e12),  # 20.22 ms, 0.583 ms
+    ],
+)
+def test_prefill_and_decode_times(device: DeviceProfile, prefill: float, decode: float) -> None:
+    assert prefill_s(TOY, device, 10_000) == pytest.approx(prefill, rel=1e-12)
+    assert decode_step_s(TOY, device, 100_000) == pytest.approx(decode, rel=1e-12)
+    # tensor parallelism and efficiency factors divide the peak
+    assert prefill_s(TOY, device, 10_000, tp=4, mfu=0.5) == pytest.approx(prefill / 2, rel=1e-12)
+    assert decode_step_s(TOY, device, 100_000, tp=2, mbu=0.5) == pytest.approx(decode, rel=1e-12)
+
+
+def test_literal_values() -> None:
+    assert prefill_s(TOY, H800, 10_000) == pytest.approx(0.020222, rel=1e-4)
+    assert prefill_s(TOY, H20, 10_000) == pytest.approx(0.135135, rel=1e-4)
+    assert decode_step_s(TOY, H800, 100_000) == pytest.approx(8.3582e-4, rel=1e-4)
+    assert decode_step_s(TOY, H200, 100_000) == pytest.approx(5.8333e-4, rel=1e-4)
+
+
+def test_compute_optimised_prefills_faster_bandwidth_optimised_decodes_faster() -> None:
+    model = get_model("qwen2.5-7b")
+    assert prefill_s(model, H20, 4096) / prefill_s(model, H800, 4096) == pytest.approx(989 / 148)
+    assert decode_step_s(model, H800, 50_000) / decode_step_s(model, H20, 50_000) == pytest.approx(4.0 / 3.35)
+
+
+def test_big_batch_decode_on_h20_hits_the_compute_roof() -> None:
+    # 256 sequences, no context: compute 2e9 * 256 FLOPs; memory 2e9 bytes.
+    assert decode_step_s(TOY, H20, 0, seqs=256) == pytest.approx(2e9 * 256 / 148e12)  # 3.46 ms > 0.5 ms
+    assert decode_step_s(TOY, H800, 0, seqs=256) == pytest.approx(2e9 / 3.35e12)  # 0.597 ms > 0.518 ms
+
+
+def test_moe_is_costed_by_its_active_params() -> None:
+    moe = get_model("qwen3-30b-a3b")
+    assert (moe.params, moe.active_params) == (30.5e9, 3.3e9)
+    assert prefill_s(moe, H800, 1000) == pytest.approx(2 * 3.3e9 * 1000 / 989e12)  # 6.67 ms
+    assert decode_step_s(moe, H800, 0) == pytest.approx(6.6e9 / 3.35e12)  # 1.97 ms: active weights only
+
+
+def test_many_steps_in_closed_form_equal_the_sum_of_single_steps() -> None:
+    # H20, 64 sequences: the first ~2850 steps are compute-bound, the rest memory-bound (KV grows).
+    ctx, seqs, steps = 1000, 64, 5000
+    looped = sum(decode_step_s(TOY, H20, ctx + j * seqs, seqs=seqs) for j in range(steps))
+    assert decode_steps_s(TOY, H20, ctx, steps, seqs=seqs) == pytest.approx(looped, rel=1e-9)
+    for device in (H800, H200):  # memory-bound throughout
+        looped = sum(decode_step_s(TOY, device, ctx + j * seqs, seqs=seqs) for j in range(300))
+        assert decode_steps_s(TOY, device, ctx, 300, seqs=seqs) == pytest.approx(looped, rel=1e-9)
+
+
+def test_kv_transfer() -> None:
+    model = get_model("qwen2.5-7b")
+    assert kv_transfer_s(model, 1000, 50e9) == pytest.approx(57344 * 1000 / 50e9)  # 1.15 ms
+    assert kv_transfer_s(TOY, 1000, 8e9) == pytest.approx(1e-3)
+
+
+def test_kv_capacity() -> None:
+    assert kv_capacity_tokens(TOY, H800) == (80e9 - 2e9) // 8000 == 9_750_000
+    big = ModelProfile("dense-70b", 70e9, 70e9, layers=80, kv_heads=8, head_dim=128)
+    with pytest.raises(ValueError, match=r"140.0 GB of weights; 1 x H20 has 96 GB: raise tp"):
+        kv_capacity_tokens(big, H20)
+    assert kv_capacity_tokens(big, H20, tp=2) == (192e9 - 140e9) // big.kv_bytes_per_token
