@@ -7,6 +7,7 @@ rollart model init --size tiny|small --out DIR   build a tiny model + tokenizer 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,14 @@ def _model_init(args: argparse.Namespace) -> int:
 
     out = init_model(args.size, Path(args.out), seed=args.seed)
     print(f"model written to {out}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from bench import BENCHMARKS
+
+    module = importlib.import_module(BENCHMARKS[args.name])
+    module.run(args)
     return 0
 
 
@@ -48,6 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--out", required=True)
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=_model_init)
+
+    from bench import BENCHMARKS
+
+    bench = sub.add_parser("bench", help="reproduce the paper's experiments").add_subparsers(
+        dest="name", required=True
+    )
+    for name, module in BENCHMARKS.items():
+        b = bench.add_parser(name, help=f"benchmark {name}")
+        b.add_argument("--quick", action="store_true", help="a smaller run (minutes at most)")
+        b.add_argument("--json", metavar="PATH", help="write the rows as JSON here (and a PNG beside it)")
+        importlib.import_module(module).add_arguments(b)
+        b.set_defaults(func=_bench)
     return p
 
 
