@@ -19,6 +19,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.handles import acall
 from engine.core.routing import pick
 from engine.types import GenOutput, GenRequest
 
@@ -32,16 +33,12 @@ class GenSlot:
     outstanding: int = 0
     calls: int = 0
 
-    async def _invoke(self, method: str, *args: Any) -> Any:
-        fn = getattr(self.target, method)
-        return await (fn.remote(*args) if hasattr(fn, "remote") else fn(*args))
-
     async def generate(self, req: GenRequest) -> GenOutput:
-        return await self._invoke("generate", req)
+        return await acall(self.target, "generate", req)
 
     async def abort(self, request_id: str) -> None:
         if hasattr(self.target, "abort"):
-            await self._invoke("abort", request_id)
+            await acall(self.target, "abort", request_id)
 
 
 @dataclass

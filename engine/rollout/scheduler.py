@@ -74,6 +74,8 @@ class RolloutScheduler:
         seed: int = 0,
         max_refills: int = 8,
         granularity: str = "trajectory",
+        gated_waves: bool = False,
+        max_consecutive_failures: int = 256,
     ):
         if not tasks:
             raise ValueError("at least one task is needed")
@@ -84,12 +86,19 @@ class RolloutScheduler:
         if granularity not in ("trajectory", "batch"):
             raise ValueError(f"granularity must be 'trajectory' or 'batch', got {granularity!r}")
         wave = batch_groups * (max(t.group_size for t in tasks) + redundancy)
-        if granularity == "batch" and concurrency < wave:
+        if (granularity == "batch" or gated_waves) and concurrency < wave:
             raise ValueError(
-                f"batch granularity runs {batch_groups} groups at once ({wave} envs): "
+                f"wave mode runs {batch_groups} groups at once ({wave} envs): "
                 f"rollout.concurrency must be >= {wave}, got {concurrency}"
             )
         self.granularity = granularity
+        self.max_consecutive_failures = max_consecutive_failures
+        self.fatal = ""  # why the scheduler gave up (every env failing), surfaced by the service
+        self._failures_in_a_row = 0
+        # Wave mode: groups start `batch_groups` at a time, the next wave when the last one is over.
+        # Batch granularity runs each wave in lockstep; gated waves (sync modes) also wait for a permit.
+        self.waves = granularity == "batch" or gated_waves
+        self._wave_permits: int | None = 0 if gated_waves else None
         self.rng = random.Random(seed)
         self.version = 0  # serving version (set by advance)
         self.trainer_version = 0
@@ -166,8 +175,10 @@ class RolloutScheduler:
             for g in self._groups.values():
                 if g.to_launch > 0:
                     return g
-            if self.granularity == "batch":
-                if not self._groups:  # the previous wave is over: start the next one
+            if self.waves:
+                if not self._groups and self._wave_permits != 0:  # the previous wave is over
+                    if self._wave_permits is not None:
+                        self._wave_permits -= 1
                     return self._new_wave()
             elif self.policy.may_start(self._next_group, self.trainer_version, self.batch_groups):
                 return self._new_group()
@@ -188,11 +199,19 @@ class RolloutScheduler:
         self.counts["groups_started"] += 1
         return g
 
+    def release_wave(self, n: int = 1) -> None:
+        """Gated waves: allow `n` more waves to start (the sync modes release one per training step)."""
+        if self._wave_permits is None:
+            raise RuntimeError("release_wave needs gated_waves=True")
+        self._wave_permits += n
+        self._wake.set()
+
     def _new_wave(self) -> _GroupRun:
         groups = [self._new_group() for _ in range(self.batch_groups)]
-        lockstep = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
-        for g in groups:
-            g.gen = lockstep
+        if self.granularity == "batch":
+            lockstep = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
+            for g in groups:
+                g.gen = lockstep
         self.counts["waves"] += 1
         return groups[0]
 
@@ -226,6 +245,17 @@ class RolloutScheduler:
         finally:
             self.finished.append(traj)
             self.counts[f"trajectories_{traj.status.value}"] += 1
+            self._watch_failures(traj)
+
+    def _watch_failures(self, traj: Trajectory) -> None:
+        """Give up, loudly, when nothing but failures come back (a broken env or engine), not hang."""
+        if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
+            self._failures_in_a_row = 0
+        elif traj.status == TrajStatus.FAILED:
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= self.max_consecutive_failures and not self.fatal:
+                self.fatal = f"{self._failures_in_a_row} trajectories in a row failed; last: {traj.failure}"
+                self.stop()
 
     async def _play(self, g: _GroupRun, traj: Trajectory) -> None:
         env: Env | None = None

@@ -75,7 +75,7 @@ def test_batch_granularity_needs_room_for_a_whole_wave():
     import pytest
 
     spec = TaskSpec("t", "multistep", {}, 1.0, 4, TurnLimits(5, 4, 1024), "prefill-heavy")
-    with pytest.raises(ValueError, match=r"rollout.concurrency must be >= 8, got 4"):
+    with pytest.raises(ValueError, match=r"rollout\.concurrency must be >= 8, got 4"):
         RolloutScheduler(
             [spec],
             ChatFormat(tokenizer()),

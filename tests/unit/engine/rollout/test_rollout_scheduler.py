@@ -163,3 +163,14 @@ def test_tasks_are_sampled_by_weight():
     s, *_ = scheduler(lambda i: 0.0, tasks=[task("a", weight=3.0), task("b", weight=1.0)])
     names = Counter(s._new_group().task.name for _ in range(2000))
     assert abs(names["a"] / 2000 - 0.75) < 0.03
+
+
+async def test_scheduler_gives_up_loudly_when_every_trajectory_fails():
+    s, *_ = scheduler(
+        lambda i: OSError("no sandbox"),
+        tasks=[task(group_size=2)],
+        concurrency=2,
+        max_consecutive_failures=10,
+    )
+    await asyncio.wait_for(s.run(), 5)  # returns by itself instead of retrying forever
+    assert s.fatal == "10 trajectories in a row failed; last: OSError: no sandbox"

@@ -1,0 +1,121 @@
+"""The per-iteration protocol of asynchronous training (paper §6.3, "six-step weight sync").
+
+    1 get_batch  — B complete GRPO groups within the staleness bound (blocks)
+    2 suspend    — the LLMProxy stops admitting requests and waits for in-flight ones
+    3 update     — generation workers apply the weights they prefetched in the background
+    4 resume     — requests flow again; `advance` aborts what the new version made too stale
+    5 continue   — in-flight trajectories go on with the new weights (engines reset their prefix cache,
+                   so the cached context is recomputed under the new weights)
+    6 train_step — runs while rollout goes on; then the new version is published and prefetched
+
+Modes are the same code with different overlap: `sync`/`sync+` keep rollout out of training (one
+gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
+training (one step of overlap), `areal` and `rollart` roll out continuously under their bound.
+Every collaborator is awaited through `acall`, so they may be Ray actors or local objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.core.handles import acall
+
+MODES = ("sync", "sync+", "one-off", "areal", "rollart")
+
+
+@dataclass
+class Collaborators:
+    rollout: Any  # RolloutService
+    proxy: Any  # LLMProxy
+    trainer: Any  # TrainWorker
+    gen_workers: list[Any]  # GenerationWorker
+    weights_via_store: bool = True  # False: push state dicts through Ray (no weight store)
+
+
+class IterationProtocol:
+    def __init__(
+        self, c: Collaborators, mode: str, batch_groups: int, get_batch_timeout_s: float | None = None
+    ):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+        self.c, self.mode, self.batch_groups = c, mode, batch_groups
+        self.timeout_s = get_batch_timeout_s
+        self.serving_version = -1
+
+    @property
+    def waves(self) -> bool:
+        return self.mode in ("sync", "sync+", "one-off")
+
+    async def start(self) -> int:
+        """Bring the generation workers to the trainer's version and start rollout. Returns the version."""
+        version = await acall(self.c.trainer, "version")
+        await self._publish_and_prefetch()
+        await self._apply(version)
+        await acall(self.c.rollout, "advance", version, version)
+        await acall(self.c.rollout, "start")
+        if self.waves:
+            await acall(self.c.rollout, "release_wave", 1)
+        return version
+
+    async def _publish_and_prefetch(self) -> dict[str, float]:
+        if not self.c.weights_via_store:
+            return {}
+        pub = await acall(self.c.trainer, "publish")
+        version = await acall(self.c.trainer, "version")
+        await asyncio.gather(*(acall(w, "prefetch", version) for w in self.c.gen_workers))
+        return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
+
+    async def _apply(self, version: int) -> dict[str, float]:
+        """Steps 2–4: suspend, update every worker in place, resume."""
+        if version == self.serving_version:
+            return {}
+        t0 = time.perf_counter()
+        suspend_wait = await acall(self.c.proxy, "suspend")
+        try:
+            if self.c.weights_via_store:
+                res = await asyncio.gather(*(acall(w, "update", version) for w in self.c.gen_workers))
+            else:
+                state = await acall(self.c.trainer, "state_dict")
+                await asyncio.gather(*(acall(w, "load_weights", state, version) for w in self.c.gen_workers))
+                res = []
+        finally:
+            await acall(self.c.proxy, "resume")
+        self.serving_version = version
+        out = {"suspend_wait_s": suspend_wait, "update_s": time.perf_counter() - t0}
+        if res:
+            out.update(
+                pull_s=max(r["pull_s"] for r in res),
+                exposed_pull_s=max(r["exposed_s"] for r in res),
+                load_s=max(r["load_s"] for r in res),
+            )
+        return out
+
+    async def step(self) -> dict[str, Any]:
+        """One iteration; returns its metrics (train metrics + protocol timings)."""
+        t0 = time.perf_counter()
+        version = await acall(self.c.trainer, "version")
+        groups = await acall(self.c.rollout, "get_batch", self.batch_groups, version, self.timeout_s)  # 1
+        t_batch = time.perf_counter()
+        sync = await self._apply(version)  # 2-4 (a no-op when the workers already serve it)
+        await acall(self.c.rollout, "advance", version, version)  # 5: in flight beyond the bound aborted
+        if self.mode == "one-off":
+            await acall(self.c.rollout, "release_wave", 1)  # the next batch is generated during training
+        t_train = time.perf_counter()
+        metrics = await acall(self.c.trainer, "train_step", groups)  # 6
+        train_s = time.perf_counter() - t_train
+        publish = await self._publish_and_prefetch()
+        if self.mode in ("sync", "sync+"):
+            sync.update(await self._apply(version + 1))  # on-policy: the next wave uses the new weights
+            await acall(self.c.rollout, "release_wave", 1)
+        metrics.update(
+            sync,
+            **publish,
+            wait_batch_s=t_batch - t0,
+            train_s=train_s,
+            step_s=time.perf_counter() - t0,
+            version=version + 1,
+        )
+        return metrics

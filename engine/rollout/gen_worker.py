@@ -1,0 +1,60 @@
+"""GenerationWorker: the ActorGen role — one inference engine, serving while it prefetches weights.
+
+`generate` serves requests (continuous batching inside the backend). `prefetch(v)` starts pulling
+version v's buckets from the weight store in the background while serving goes on; `update(v)` — run
+while the LLMProxy holds new requests — waits for whatever of the pull is left (the *exposed* part)
+and loads the weights in place; outputs then carry version v.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from engine.backends import make_backend
+from engine.backends.base import GenerationBackend
+from engine.core.worker import Role, Worker
+from engine.types import GenOutput, GenRequest
+from engine.weights.transfer import WeightPrefetcher
+from infra.weightstore.factory import open_store
+
+
+class GenerationWorker(Worker):
+    """config: {"backend": {"kind": ..., **kwargs}, "store": store spec or None, "run_id": str}."""
+
+    role = Role.ACTOR_GEN
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        spec = dict(self.config["backend"])
+        self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
+        store = self.config.get("store")
+        self.prefetcher = WeightPrefetcher(open_store(store), self.config["run_id"]) if store else None
+
+    async def generate(self, request: GenRequest) -> GenOutput:
+        return await self.backend.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self.backend.abort(request_id)
+
+    def version(self) -> int:
+        return self.backend.version
+
+    def prefetch(self, version: int) -> None:
+        if self.prefetcher is None:
+            raise RuntimeError(f"{self.name}: no weight store configured, cannot prefetch")
+        self.prefetcher.start(version)
+
+    async def update(self, version: int) -> dict[str, float]:
+        """Apply a prefetched version in place. Returns pull/exposed/load timings (seconds)."""
+        if self.prefetcher is None:
+            raise RuntimeError(f"{self.name}: no weight store configured, cannot update")
+        tensors, timings = await asyncio.to_thread(self.prefetcher.wait, version)
+        t0 = time.perf_counter()
+        self.backend.load_weights(tensors.items(), version)
+        return {**timings, "load_s": time.perf_counter() - t0}
+
+    def load_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        """Direct path (no store): weights passed through Ray's object store."""
+        self.backend.load_weights(named_tensors.items(), version)

@@ -1,0 +1,146 @@
+"""RolloutService: the env loops, scheduler, reward and SampleBuffer of a run, in one async actor.
+
+It talks to the LLMProxy (another actor, or a local object in tests) through `ProxyClient`, and to the
+trainer side only through `get_batch` / `advance` / `release_wave`. Run it with
+`ray.remote(RolloutService).options(max_concurrency=...)` — all methods are async, one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from engine.core.handles import acall
+from engine.envs.base import Env
+from engine.envs.registry import make_env
+from engine.rollout.buffer import SampleBuffer
+from engine.rollout.chat import ChatFormat
+from engine.rollout.reward import RewardScorer
+from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+from engine.rollout.staleness import StalenessPolicy
+from engine.types import GenOutput, GenRequest, Group, Trajectory, TrajStatus
+
+
+class ProxyClient:
+    """The scheduler's generator: forwards to the LLMProxy (actor handle or local object)."""
+
+    def __init__(self, proxy: Any):
+        self.proxy = proxy
+
+    async def generate(self, request: GenRequest) -> GenOutput:
+        return await acall(self.proxy, "generate", request)
+
+    def release(self, trajectory_id: str) -> None:
+        if hasattr(self.proxy.release, "remote"):
+            self.proxy.release.remote(trajectory_id)  # fire and forget
+        else:
+            self.proxy.release(trajectory_id)
+
+
+def default_env_factory(spec: TaskSpec) -> Env:
+    return make_env(spec.env, **spec.env_args)
+
+
+class RolloutService:
+    def __init__(
+        self,
+        tasks: list[TaskSpec],
+        tokenizer_dir: str,
+        proxy: Any,
+        mode: str,
+        alpha: int,
+        concurrency: int,
+        redundancy: int,
+        batch_groups: int,
+        seed: int = 0,
+        granularity: str = "trajectory",
+        buffer_capacity: int | None = None,
+        env_factory: Any = default_env_factory,
+        reward: RewardScorer | None = None,
+    ):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        policy = StalenessPolicy(mode, alpha)
+        sync_like = mode in ("sync", "sync+", "one-off")
+        capacity = buffer_capacity or max(4 * concurrency, (alpha + 2) * concurrency)  # O(alpha * E)
+        self.buffer = SampleBuffer(
+            alpha, capacity, evict_on_advance=policy.per_step, check_on_get=policy.per_step
+        )
+        self.reward = reward or RewardScorer()
+        self.scheduler = RolloutScheduler(
+            tasks,
+            ChatFormat(tokenizer),
+            ProxyClient(proxy),
+            self.buffer,
+            self.reward,
+            env_factory,
+            policy,
+            concurrency,
+            redundancy,
+            batch_groups=batch_groups,
+            seed=seed,
+            granularity="batch" if mode == "sync" else granularity,
+            gated_waves=sync_like,
+        )
+        self._runner: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._runner is None:
+            self._runner = asyncio.ensure_future(self.scheduler.run())
+
+    async def stop(self) -> None:
+        self.scheduler.stop()
+        if self._runner is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+
+    async def get_batch(self, num_groups: int, version: int, timeout_s: float | None = None) -> list[Group]:
+        """Wait for a batch — or for the rollout to end, whose reason is raised instead of hanging."""
+        batch = asyncio.ensure_future(self.buffer.get_batch(num_groups, version, timeout_s))
+        if self._runner is None:
+            return await batch
+        await asyncio.wait({batch, self._runner}, return_when=asyncio.FIRST_COMPLETED)
+        if batch.done():
+            return batch.result()
+        batch.cancel()
+        self._runner.result()  # re-raises if the scheduler crashed
+        raise RuntimeError(f"rollout stopped: {self.scheduler.fatal or 'the scheduler ended'}")
+
+    async def advance(self, version: int, trainer_version: int | None = None) -> int:
+        return await self.scheduler.advance(version, trainer_version)
+
+    def release_wave(self, n: int = 1) -> None:
+        self.scheduler.release_wave(n)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since the start, plus per-task outcomes of trajectories finished since the last call."""
+        finished = self.scheduler.drain_finished()
+        by_task: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in finished:
+            by_task[t.task].append(t)
+        per_task = {}
+        for task, trajs in by_task.items():
+            ok = [
+                t
+                for t in trajs
+                if t.status in (TrajStatus.DONE, TrajStatus.TRUNCATED) and t.reward is not None
+            ]
+            per_task[task] = {
+                "finished": len(trajs),
+                "reward_mean": statistics.fmean(t.reward for t in ok) if ok else None,  # type: ignore[misc]
+                "success_rate": statistics.fmean(bool(t.info.get("success")) for t in ok) if ok else None,
+                "turns_mean": statistics.fmean(len(t.turns) for t in trajs),
+                "status": dict(Counter(t.status.value for t in trajs)),
+            }
+        return {
+            "counts": dict(self.scheduler.counts),
+            "buffer": self.buffer.stats.as_dict(),
+            "buffered": len(self.buffer),
+            "reward": dict(self.reward.counts),
+            "tasks": per_task,
+            "tokens": sum(t.num_action_tokens for t in finished),
+        }

@@ -1,0 +1,94 @@
+"""TrainWorker: the ActorTrain role — GRPO steps on the torch backend, weight publishing, checkpoints.
+
+config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
+"bucket_bytes": int, "max_len": int | None}. A training step takes whole GRPO groups (never partial
+ones), reports loss/clip/entropy/KL/grad-norm/tokens-per-s plus the batch's rewards and staleness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from engine.core.worker import Role, Worker
+from engine.train.batch import build_train_batch
+from engine.train.checkpoint import load_checkpoint, save_checkpoint
+from engine.train.trainer import TorchTrainer, TrainerConfig
+from engine.types import Group
+from engine.weights.transfer import WeightPublisher
+from infra.weightstore.factory import open_store
+
+
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
+    """A content hash of a state dict (names, dtypes, shapes, bytes) to compare weights across runs."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class TrainWorker(Worker):
+    role = Role.ACTOR_TRAIN
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        torch.set_num_threads(max(1, int(self.config.get("threads", 1))))
+        self.model_dir = str(self.config["model_dir"])
+        self.trainer = TorchTrainer(self.model_dir, TrainerConfig(**self.config.get("trainer", {})))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        store = self.config.get("store")
+        self.publisher = WeightPublisher(open_store(store), self.config["run_id"]) if store else None
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def train_step(self, groups: list[Group]) -> dict[str, float]:
+        if not groups or any(not g.complete for g in groups):
+            raise ValueError("train_step needs complete GRPO groups (a partial group is never trained)")
+        version = self.trainer.version
+        batch = build_train_batch(groups, max_len=self.config.get("max_len"), pad_token_id=self.pad_id)
+        metrics = self.trainer.train_step(batch)
+        rewards = [m.reward for g in groups for m in g.members if m.reward is not None]
+        members = [m for g in groups for m in g.members]
+        lags = [version - m.start_version for m in members]
+        metrics.update(
+            reward_mean=statistics.fmean(rewards),
+            groups=len(groups),
+            trajectories=len(rewards),
+            staleness_max=max(lags),
+            staleness_mean=statistics.fmean(lags),
+            min_start_version=min(m.start_version for m in members),
+            version_span_max=max(max(m.versions) - m.start_version for m in members),
+            trained_at_version=version,
+        )
+        return metrics
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.trainer.state_dict()
+
+    def publish(self, bucket_bytes: int | None = None) -> dict[str, float]:
+        """Push the current weights as version `self.version()` to the weight store."""
+        if self.publisher is None:
+            raise RuntimeError("no weight store configured, cannot publish")
+        size = bucket_bytes or int(self.config.get("bucket_bytes", 64 << 20))
+        return self.publisher.publish(self.trainer.state_dict(), self.trainer.version, size)
+
+    def weights_sha256(self) -> str:
+        return weights_sha256(self.trainer.state_dict())
+
+    def save(self, root: str, extra: dict[str, Any] | None = None) -> str:
+        return str(save_checkpoint(Path(root), self.trainer, tokenizer=self.tokenizer, extra=extra))
+
+    def load(self, path: str) -> dict[str, Any]:
+        return load_checkpoint(Path(path), self.trainer)
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        return [self.trainer.greedy_generate(p, max_tokens) for p in prompts]
