@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.core.handles import acall
 
 MODES = ("sync", "sync+", "one-off", "areal", "rollart")
+Phase = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 
 @dataclass
@@ -93,23 +95,41 @@ class IterationProtocol:
             )
         return out
 
-    async def step(self) -> dict[str, Any]:
-        """One iteration; returns its metrics (train metrics + protocol timings)."""
+    async def step(self, phase: Phase | None = None) -> dict[str, Any]:
+        """One iteration; returns its metrics (train metrics + protocol timings).
+
+        `phase(name, fn)` runs each step of the protocol (e.g. as a Prefect task); by default it just
+        awaits `fn()`. The order and the mode logic live only here.
+        """
+        run = phase or _direct
         t0 = time.perf_counter()
         version = await acall(self.c.trainer, "version")
-        groups = await acall(self.c.rollout, "get_batch", self.batch_groups, version, self.timeout_s)  # 1
+
+        async def get_batch() -> list[Any]:
+            return await acall(self.c.rollout, "get_batch", self.batch_groups, version, self.timeout_s)
+
+        async def sync_weights() -> dict[str, float]:  # suspend -> update -> resume, then the bound
+            out = await self._apply(version)
+            await acall(self.c.rollout, "advance", version, version)
+            if self.mode == "one-off":
+                await acall(self.c.rollout, "release_wave", 1)  # the next batch is made during training
+            return out
+
+        groups = await run("get_batch", get_batch)  # 1
         t_batch = time.perf_counter()
-        sync = await self._apply(version)  # 2-4 (a no-op when the workers already serve it)
-        await acall(self.c.rollout, "advance", version, version)  # 5: in flight beyond the bound aborted
-        if self.mode == "one-off":
-            await acall(self.c.rollout, "release_wave", 1)  # the next batch is generated during training
+        sync = await run("sync_weights", sync_weights)  # 2-5
         t_train = time.perf_counter()
-        metrics = await acall(self.c.trainer, "train_step", groups)  # 6
+        metrics = await run("train_step", lambda: acall(self.c.trainer, "train_step", groups))  # 6
         train_s = time.perf_counter() - t_train
-        publish = await self._publish_and_prefetch()
+        publish = await run("publish_weights", self._publish_and_prefetch)
         if self.mode in ("sync", "sync+"):
-            sync.update(await self._apply(version + 1))  # on-policy: the next wave uses the new weights
-            await acall(self.c.rollout, "release_wave", 1)
+
+            async def next_wave() -> dict[str, float]:  # on-policy: the next wave uses the new weights
+                out = await self._apply(version + 1)
+                await acall(self.c.rollout, "release_wave", 1)
+                return out
+
+            sync.update(await run("sync_weights_next", next_wave))
         metrics.update(
             sync,
             **publish,
@@ -119,3 +139,7 @@ class IterationProtocol:
             version=version + 1,
         )
         return metrics
+
+
+async def _direct(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    return await fn()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,17 @@ def _model_init(args: argparse.Namespace) -> int:
 
     out = init_model(args.size, Path(args.out), seed=args.seed)
     print(f"model written to {out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import asyncio
+
+    load_config(args.file, args.set)  # a bad config exits 2 before anything starts
+    from flows.train import train
+
+    summary = asyncio.run(train(args.file, args.set, resume=args.resume))
+    print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -51,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(func=_config_show)
 
+    tr = sub.add_parser("train", help="train: one Prefect flow run (one sub-flow per iteration)")
+    tr.add_argument("file")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    tr.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint of this experiment"
+    )
+    tr.set_defaults(func=_train)
+
     model = sub.add_parser("model", help="local models").add_subparsers(dest="action", required=True)
     init = model.add_parser("init", help="build a tiny Qwen2-style model and tokenizer locally")
     init.add_argument("--size", choices=["tiny", "small"], default="tiny")
@@ -73,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # avoids SQLite lock contention
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

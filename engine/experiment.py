@@ -1,0 +1,218 @@
+"""Experiment: builds one run's long-lived pieces on Ray from an `ExperimentConfig` (the composition root).
+
+Each step is its own method so the Prefect tasks can wrap them one by one (provision, model, weight
+store, actors, checkpoint restore) and retry each on its own. Actors are named and detached in a
+namespace per run, so a resumed driver finds them again (`get_if_exists`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.config import ExperimentConfig
+from engine.core.cluster import Cluster
+from engine.core.resources import ResourceManager
+from engine.models.tiny import init_model
+from engine.protocol import Collaborators, IterationProtocol
+from engine.rollout.env_manager import TurnLimits
+from engine.rollout.gen_worker import GenerationWorker
+from engine.rollout.proxy import GenSlot, LLMProxy
+from engine.rollout.scheduler import TaskSpec
+from engine.rollout.service import RolloutService
+from engine.train.train_worker import TrainWorker
+from infra.metadata import MetadataStore
+
+LOOPBACK_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
+    return [
+        TaskSpec(
+            t.name,
+            t.env,
+            dict(t.env_args),
+            t.weight,
+            t.group_size,
+            TurnLimits(
+                t.max_turns,
+                t.max_tokens,
+                cfg.model.max_context,
+                cfg.rollout.temperature,
+                cfg.rollout.env_timeout_s,
+            ),
+            t.profile.value,
+        )
+        for t in cfg.tasks
+    ]
+
+
+class Experiment:
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or cfg.run_dir).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = cfg.name
+        self.namespace = f"rollart-{cfg.name}"
+        url = cfg.backends.metadata_url.replace("{run_dir}", str(self.run_dir))
+        self.store = MetadataStore(url)
+        self.rm = ResourceManager(cfg.resources.pools, self.store, run=self.run_id)
+        self.model_dir = ""
+        self.store_spec: dict[str, Any] | None = None
+        self._master: Any = None
+        self.clusters: dict[str, Cluster] = {}
+        self.proxy: Any = None
+        self.rollout: Any = None
+
+    # -- provisioning ------------------------------------------------------------------------------
+    def provision(self) -> dict[str, Any]:
+        """Start (or join) Ray with the pools as custom resources; loopback only."""
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address, namespace=self.namespace)
+            else:
+                ray.init(
+                    num_cpus=os.cpu_count(),
+                    resources=self.rm.ray_resources,
+                    include_dashboard=False,
+                    namespace=self.namespace,
+                    _node_ip_address="127.0.0.1",
+                    runtime_env={"env_vars": LOOPBACK_ENV},
+                )
+        return {
+            "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
+            "ray_resources": ray.cluster_resources(),
+        }
+
+    def prepare_model(self) -> str:
+        """The model directory: the configured one, or a tiny model built locally (no hub)."""
+        if self.cfg.model.path:
+            self.model_dir = str(Path(self.cfg.model.path).resolve())
+        else:
+            out = self.run_dir / "model-init"
+            if not (out / "config.json").exists():
+                init_model(self.cfg.model.init_size, out, seed=self.cfg.model.init_seed)
+            self.model_dir = str(out)
+        return self.model_dir
+
+    def start_weight_store(self) -> dict[str, Any]:
+        kind = self.cfg.backends.weight_store
+        if kind == "mooncake":
+            from infra.weightstore.mooncake_master import MooncakeMaster
+
+            os.environ.update(LOOPBACK_ENV)
+            self._master = MooncakeMaster(log_dir=self.run_dir / "mooncake")
+            self._master.start()
+            self.store_spec = {
+                "kind": "mooncake",
+                "master_addr": self._master.master_addr,
+                "metadata_url": self._master.metadata_url,
+                "segment_bytes": 256 << 20,
+            }
+        else:
+            self.store_spec = {
+                "kind": "ray",
+                "name": f"{self.namespace}-weights",
+                "namespace": self.namespace,
+            }
+        return dict(self.store_spec)
+
+    # -- actors ------------------------------------------------------------------------------------
+    def start_actors(self) -> dict[str, Any]:
+        cfg, roles = self.cfg, self.cfg.resources.roles
+        common = {"store": self.store_spec, "run_id": self.run_id}
+        train_cfg = {
+            "lr": cfg.train.lr,
+            "micro_batch_size": cfg.train.micro_batch,
+            "max_grad_norm": cfg.train.grad_clip,
+            "weight_decay": cfg.train.weight_decay,
+            "clip_low": cfg.train.clip_low,
+            "clip_high": cfg.train.clip_high,
+            "kl_beta": cfg.train.kl_beta,
+            "seed": cfg.train.seed,
+        }
+        self.clusters["train"] = Cluster(
+            "train",
+            TrainWorker,
+            self.rm,
+            roles["actor_train"].model_copy(update={"count": 1}),
+            worker_config={
+                "model_dir": self.model_dir,
+                "trainer": train_cfg,
+                "max_len": cfg.model.max_context,
+                **common,
+            },
+            namespace=self.namespace,
+        )
+        backend: dict[str, Any] = {"kind": cfg.backends.generation, "model_dir": self.model_dir}
+        if cfg.backends.generation == "vllm":
+            backend.update(
+                max_model_len=cfg.model.max_context, max_batch=cfg.rollout.concurrency, seed=cfg.train.seed
+            )
+        self.clusters["gen"] = Cluster(
+            "gen",
+            GenerationWorker,
+            self.rm,
+            roles["actor_gen"],
+            worker_config={"backend": backend, **common},
+            max_concurrency=1024,
+            namespace=self.namespace,
+        )
+        slots = [
+            GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency)
+            for w in self.clusters["gen"].workers
+        ]
+        self.proxy = (
+            ray.remote(LLMProxy)
+            .options(name="llm-proxy", namespace=self.namespace, max_concurrency=100_000, num_cpus=0)
+            .remote(slots)
+        )
+        self.rollout = (
+            ray.remote(RolloutService)
+            .options(name="rollout", namespace=self.namespace, max_concurrency=100_000, num_cpus=0)
+            .remote(
+                task_specs(cfg),
+                self.model_dir,
+                self.proxy,
+                cfg.train.mode,
+                cfg.train.alpha,
+                cfg.rollout.concurrency,
+                cfg.rollout.redundancy,
+                cfg.train.batch_groups,
+                seed=cfg.train.seed,
+                granularity=cfg.rollout.granularity,
+            )
+        )
+        return {"train": 1, "gen": len(slots), "namespace": self.namespace}
+
+    @property
+    def trainer(self) -> Any:
+        return self.clusters["train"].workers[0].actor
+
+    def protocol(self) -> IterationProtocol:
+        gen = [w.actor for w in self.clusters["gen"].workers]
+        return IterationProtocol(
+            Collaborators(self.rollout, self.proxy, self.trainer, gen),
+            self.cfg.train.mode,
+            self.cfg.train.batch_groups,
+            get_batch_timeout_s=600,
+        )
+
+    # -- teardown ----------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        if self.rollout is not None:
+            ray.get(self.rollout.stop.remote())
+            ray.kill(self.rollout)
+        if self.proxy is not None:
+            ray.kill(self.proxy)
+        for c in self.clusters.values():
+            c.shutdown()
+        self.clusters.clear()
+        if self._master is not None:
+            self._master.stop()
+            self._master = None
+        self.rm.release_all()

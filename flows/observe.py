@@ -1,0 +1,64 @@
+"""Where a run's numbers go: metrics.jsonl, TensorBoard events, a Prefect table artifact per iteration,
+and a PNG of reward and throughput at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import acreate_table_artifact
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+class MetricsSink:
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / "metrics.jsonl"
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    async def write(self, step: int, metrics: dict[str, Any], artifact_key: str | None = None) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}, default=str) + "\n")
+        for k, v in _scalars(metrics).items():
+            self.tb.add_scalar(k, v, step)
+        self.tb.flush()
+        if artifact_key:
+            rows = [{"metric": k, "value": round(v, 6)} for k, v in sorted(_scalars(metrics).items())]
+            await acreate_table_artifact(rows, key=artifact_key, description=f"metrics of step {step}")
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+def plot(run_dir: Path) -> Path | None:
+    """reward and throughput per step from metrics.jsonl -> run_dir/progress.png."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax1.plot(steps, [r.get("reward_mean", float("nan")) for r in rows], marker=".")
+    ax1.set(xlabel="step", ylabel="mean reward of the trained batch", title="reward")
+    ax2.plot(steps, [r.get("tokens_per_s_rollout", float("nan")) for r in rows], marker=".", label="rollout")
+    ax2.set(xlabel="step", ylabel="generated tokens / s", title="throughput")
+    fig.tight_layout()
+    out = run_dir / "progress.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

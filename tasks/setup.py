@@ -1,0 +1,51 @@
+"""Operational Prefect tasks that set a run up: pools, sandboxes, reward endpoint, actors.
+
+Each is a small unit with its own retries and timeout; none caches (the inputs are live objects)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from engine.envs.registry import make_env
+from engine.experiment import Experiment
+
+
+@task(name="provision_pools", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
+def provision_pools(exp: Experiment) -> dict[str, Any]:
+    return exp.provision()
+
+
+@task(name="warmup_sandboxes", retries=1, timeout_seconds=600, cache_policy=NO_CACHE)
+async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str, Any]:
+    """Prepare each task's runtime: the adapter imports, datasets are generated, a few envs start."""
+
+    async def warm(t: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        for seed in range(envs_per_task):
+            env = make_env(t.env, **t.env_args)
+            await env.reset(seed)
+            await env.close()
+        return {"envs_started": envs_per_task, "seconds": round(time.perf_counter() - t0, 3)}
+
+    report: dict[str, Any] = {t.name: await warm(t) for t in exp.cfg.tasks}
+    report["bubblewrap"] = shutil.which("bwrap") or "missing (code tasks would be refused)"
+    return report
+
+
+@task(name="deploy_reward", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
+def deploy_reward(exp: Experiment) -> dict[str, Any]:
+    """Every configured task is scored by its environment's rule inside the rollout actor, so no serverless
+    endpoint is started; the LLM-judge endpoint (infra.serve + engine.rollout.judge) is for judge tasks."""
+    return {"endpoint": None, "scoring": {t.name: "rule (in the rollout actor)" for t in exp.cfg.tasks}}
+
+
+@task(name="start_actors", retries=1, retry_delay_seconds=5, timeout_seconds=900, cache_policy=NO_CACHE)
+def start_actors(exp: Experiment) -> dict[str, Any]:
+    model = exp.prepare_model()
+    store = exp.start_weight_store()
+    return {"model_dir": model, "weight_store": store["kind"], **exp.start_actors()}
