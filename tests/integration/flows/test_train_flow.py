@@ -1,0 +1,125 @@
+"""The Prefect driver on a temporary server: iterations as flow runs, retries, S3 checkpoints, resume."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from tests.services import free_port, wait_port
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect")
+    env = {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_MEMO_STORE_PATH": str(home / "memo"),
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "storage"),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield home
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    port = free_port()
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, 30, "moto_server")
+        url = f"http://127.0.0.1:{port}"
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1"
+        )
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="ckpt")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def config(tmp_path, s3: str, steps: int) -> dict:
+    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    cfg.update(name="flowtest", run_root=str(tmp_path / "runs"))
+    cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_seeds=[])]
+    cfg["rollout"].update(concurrency=8, redundancy=0)
+    cfg["train"].update(steps=steps, batch_groups=2, checkpoint_every=1, micro_batch=8)
+    cfg["backends"].update(
+        generation="hf", weight_store="ray", checkpoint_uri="s3://ckpt/flowtest", s3_endpoint_url=s3
+    )
+    return cfg
+
+
+async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
+    prefect_home, s3_endpoint, tmp_path, monkeypatch
+):
+    from prefect.client.orchestration import get_client
+
+    from flows.train import train
+    from infra.metadata import MetadataStore
+    from infra.objectstore import S3Dirs
+
+    calls = {"n": 0}
+    real_upload = S3Dirs.upload_dir
+
+    def flaky_upload(self, local, uri):  # the S3 endpoint errors twice, then works
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise ConnectionError("S3 endpoint down")
+        return real_upload(self, local, uri)
+
+    monkeypatch.setattr(S3Dirs, "upload_dir", flaky_upload)
+    summary = await train(config(tmp_path, s3_endpoint, steps=2))
+    assert summary["steps_this_run"] == 2 and summary["flow_overhead_frac_mean"] < 0.05
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs()
+        iteration_runs = [r for r in runs if r.parameters.get("step") is not None]
+        assert len(iteration_runs) == 2 and all(r.state.is_completed() for r in iteration_runs)
+        tasks = await client.read_task_runs()
+        kinds = {t.name.rsplit("-", 1)[0] for t in tasks}
+        for expected in (
+            "provision_pools",
+            "warmup_sandboxes",
+            "deploy_reward",
+            "start_actors",
+            "restore_checkpoint",
+            "get_batch",
+            "sync_weights",
+            "train_step",
+            "publish_weights",
+            "save_checkpoint",
+        ):
+            assert expected in kinds, kinds
+        saves = [t for t in tasks if t.name.startswith("save_checkpoint")]
+        assert any(t.run_count == 3 for t in saves)  # failed twice, retried, succeeded
+    assert calls["n"] == 4  # 3 attempts for step 1 + 1 for step 2
+
+    run_dir = tmp_path / "runs" / "flowtest"
+    store = MetadataStore(f"sqlite:///{run_dir}/metadata.db")
+    ck = store.latest_checkpoint("flowtest")
+    assert ck["step"] == 2 and ck["uri"] == "s3://ckpt/flowtest/step-00000002"
+    assert S3Dirs(s3_endpoint).complete(ck["uri"])
+
+    # resume: the same experiment continues at step 3 from the S3 checkpoint, weights identical at load
+    summary = await train(config(tmp_path, s3_endpoint, steps=3), resume=True)
+    assert summary["steps_this_run"] == 1
+    steps = store.steps("flowtest")
+    assert [s["step"] for s in steps] == [1, 2, 3]  # nothing repeated or skipped
+    assert store.latest_checkpoint("flowtest")["step"] == 3
