@@ -42,6 +42,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    load_config(args.file, args.set)
+    from flows.deploy import serve_deployment
+
+    serve_deployment(args.file, args.set, args.cron, args.interval)
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from flows.deploy import ui
+
+    return ui(args.port)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from bench import BENCHMARKS
 
@@ -71,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from the latest checkpoint of this experiment"
     )
     tr.set_defaults(func=_train)
+
+    dep = sub.add_parser("deploy", help="serve a scheduled deployment: each run resumes and trains further")
+    dep.add_argument("file")
+    dep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    when = dep.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help='e.g. "0 3 * * *"')
+    when.add_argument("--interval", type=float, help="seconds between runs")
+    dep.set_defaults(func=_deploy)
+
+    ui = sub.add_parser("ui", help="start a Prefect server (UI) on 127.0.0.1")
+    ui.add_argument("--port", type=int, default=4200)
+    ui.set_defaults(func=_ui)
 
     model = sub.add_parser("model", help="local models").add_subparsers(dest="action", required=True)
     init = model.add_parser("init", help="build a tiny Qwen2-style model and tokenizer locally")

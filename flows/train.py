@@ -46,7 +46,7 @@ async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
 
 
 @flow(name="rollart-iteration", log_prints=False, validate_parameters=False)
-async def iteration(run_id: str, step: int) -> dict[str, Any]:
+async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
     exp, proto, sink = _RUNS[run_id]
     t0 = time.perf_counter()
     inside = 0.0
@@ -67,7 +67,7 @@ async def iteration(run_id: str, step: int) -> dict[str, Any]:
             metrics[f"rollout/{name}/reward"] = t["reward_mean"]
             metrics[f"rollout/{name}/success"] = t["success_rate"]
     metrics.update({f"count/{k}": v for k, v in rollout["counts"].items()})
-    if (step + 1) % exp.cfg.train.checkpoint_every == 0 or step + 1 == exp.cfg.train.steps:
+    if (step + 1) % exp.cfg.train.checkpoint_every == 0 or step + 1 == last:
         metrics["checkpoint"] = await timed(
             "checkpoint", lambda: asyncio.to_thread(save_checkpoint, exp, step + 1)
         )
@@ -97,8 +97,13 @@ async def _eval(exp: Experiment) -> dict[str, dict[str, Any]]:
 
 @flow(name="rollart-train", validate_parameters=False)
 async def train(
-    config: str | dict[str, Any], overrides: list[str] | None = None, resume: bool = False
+    config: str | dict[str, Any],
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    more_steps: int | None = None,
 ) -> dict:
+    """`resume`: continue from the latest checkpoint of this experiment name. `more_steps`: train that many
+    steps past where it resumed (scheduled retraining) instead of up to `train.steps`."""
     cfg: ExperimentConfig = (
         load_config(config, overrides)
         if isinstance(config, str)
@@ -116,20 +121,21 @@ async def train(
         deploy_reward(exp)
         start_actors(exp)
         first = restore_checkpoint(exp, resume)
+        last = first + more_steps if more_steps else cfg.train.steps
         proto = exp.protocol()
         await proto.start()
         before = await _eval(exp) if first == 0 else {}
         sink = MetricsSink(exp.run_dir)
         _RUNS[exp.run_id] = (exp, proto, sink)
-        for step in range(first, cfg.train.steps):
-            m = await iteration(exp.run_id, step)
+        for step in range(first, last):
+            m = await iteration(exp.run_id, step, last)
             console.print(
-                f"step {step + 1:>4}/{cfg.train.steps}  reward {m['reward_mean']:+.3f}  "
+                f"step {step + 1:>4}/{last}  reward {m['reward_mean']:+.3f}  "
                 f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
                 f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
             )
         after = await _eval(exp)
-        summary = _summary(exp, first, before, after, time.perf_counter() - t_start)
+        summary = _summary(exp, first, last, before, after, time.perf_counter() - t_start)
         sink.close()
         plot(exp.run_dir)
         console.print(f"run directory: {exp.run_dir}")
@@ -141,12 +147,14 @@ async def train(
             ray.shutdown()
 
 
-def _summary(exp: Experiment, first: int, before: dict, after: dict, wall_s: float) -> dict[str, Any]:
+def _summary(
+    exp: Experiment, first: int, last: int, before: dict, after: dict, wall_s: float
+) -> dict[str, Any]:
     rows = exp.store.steps(exp.run_id)
     overhead = [r["metrics"]["flow_overhead_frac"] for r in rows if "flow_overhead_frac" in r["metrics"]]
     summary = {
-        "steps": exp.cfg.train.steps,
-        "steps_this_run": exp.cfg.train.steps - first,
+        "steps": last,
+        "steps_this_run": last - first,
         "wall_s": round(wall_s, 1),
         "eval": {
             name: {

@@ -123,3 +123,24 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     steps = store.steps("flowtest")
     assert [s["step"] for s in steps] == [1, 2, 3]  # nothing repeated or skipped
     assert store.latest_checkpoint("flowtest")["step"] == 3
+
+
+async def test_a_scheduled_deployment_creates_scheduled_runs_that_resume(prefect_home, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from flows.deploy import deployment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config(tmp_path, "http://127.0.0.1:1", steps=2)))
+    dep = deployment(str(path), ["train.lr=0.002"], cron="0 3 * * *")
+    dep_id = await dep.apply()
+    async with get_client() as client:
+        d = await client.read_deployment(dep_id)
+        assert d.name == "flowtest" and d.parameters["resume"] is True and d.parameters["more_steps"] == 2
+        assert d.parameters["overrides"] == ["train.lr=0.002"]
+        assert [s.schedule.cron for s in d.schedules] == ["0 3 * * *"]
+        # The temporary server runs no scheduler service; create the run as the scheduler (or the UI) would.
+        await client.create_flow_run_from_deployment(dep_id)
+        scheduled = [r for r in await client.read_flow_runs() if r.deployment_id == dep_id]
+        assert len(scheduled) == 1 and scheduled[0].state.is_scheduled()
+        assert scheduled[0].parameters["resume"] is True
