@@ -70,7 +70,9 @@ class RolloutConfig(_Strict):
     concurrency: int = Field(32, ge=1, description="E: environments kept busy at once")
     redundancy: int = Field(0, ge=0, description="r: extra members started per GRPO group")
     granularity: Literal["trajectory", "batch"] = "trajectory"
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature of training rollouts (eval is greedy)"
+    )
     env_timeout_s: float = Field(60.0, gt=0)
 
 

@@ -134,6 +134,7 @@ class Experiment:
             "clip_high": cfg.train.clip_high,
             "kl_beta": cfg.train.kl_beta,
             "seed": cfg.train.seed,
+            "temperature": cfg.rollout.temperature,
         }
         self.clusters["train"] = Cluster(
             "train",

@@ -32,6 +32,9 @@ class TrainerConfig:
     agg: LossAgg = "token-mean"
     kl_beta: float = 0.0
     seed: int = 0
+    # The sampling temperature of the rollout: engines report log_softmax(logits / T) of the sampled token,
+    # so the trainer scores tokens the same way or the importance ratio is off by the temperature.
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -44,6 +47,8 @@ class TrainerConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (greedy rollouts have no behaviour distribution)")
         if self.kl_beta < 0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
 
@@ -133,12 +138,13 @@ class TorchTrainer:
         ids = micro.input_ids[:, :width].to(self.device)
         attn = micro.attention_mask[:, :width].to(self.device)
         mask = micro.loss_mask[:, :width].to(self.device)
-        logprobs, entropy = token_logprobs(self.model(input_ids=ids, attention_mask=attn).logits, ids)
+        logits = self.model(input_ids=ids, attention_mask=attn).logits / self.config.temperature
+        logprobs, entropy = token_logprobs(logits, ids)
         ref_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logprobs, _ = token_logprobs(
-                    self.ref_model(input_ids=ids, attention_mask=attn).logits, ids
+                    self.ref_model(input_ids=ids, attention_mask=attn).logits / self.config.temperature, ids
                 )
         loss, stats = policy_loss(
             logprobs,

@@ -17,9 +17,9 @@ PROMPT = [1, 2, 3]
 
 
 @torch.no_grad()
-def _next_logprob(model: PreTrainedModel, context: list[int], token: int) -> float:
+def _next_logprob(model: PreTrainedModel, context: list[int], token: int, temperature: float = 1.0) -> float:
     """log p(token | context) from the last position, computed independently of the batch alignment."""
-    logits = model(input_ids=torch.tensor([context])).logits[0, -1]
+    logits = model(input_ids=torch.tensor([context])).logits[0, -1] / temperature
     return torch.log_softmax(logits, dim=-1)[token].item()
 
 
@@ -27,11 +27,12 @@ def _on_policy_group(
     model: PreTrainedModel,
     make_group: Callable[..., Group],
     actions: list[tuple[float, list[int], list[int]]],
+    temperature: float = 1.0,
 ) -> Group:
     """A group whose behaviour log-probs are the model's own: `(reward, obs_ids, action_ids)` each."""
     members = []
     for reward, obs, act in actions:
-        lps = [_next_logprob(model, obs + act[:k], act[k]) for k in range(len(act))]
+        lps = [_next_logprob(model, obs + act[:k], act[k], temperature) for k in range(len(act))]
         members.append((reward, [(obs, act, lps, 0)]))
     return make_group(members)
 
@@ -182,3 +183,19 @@ def test_rejects_bad_configs_and_empty_batches(
     batch = build_train_batch([make_group([(1.0, [([], [5], [-1.0], 0)]), (0.0, [([], [7], [-1.0], 0)])])])
     with pytest.raises(ValueError, match="no action tokens"):
         TorchTrainer(model).train_step(batch)
+
+
+def test_trainer_scores_tokens_at_the_rollout_temperature(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    # behaviour log-probs sampled at T=2 are on-policy for a trainer at T=2 (ratio 1), not for one at T=1
+    group = _on_policy_group(
+        model, make_group, [(1.0, PROMPT, [5, 6]), (0.0, PROMPT, [7, 8])], temperature=2.0
+    )
+    batch = build_train_batch([group])
+    hot = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=2.0)).train_step(batch)
+    cold = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=1.0)).train_step(batch)
+    assert hot["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(cold["ratio_mean"] - 1.0) > 1e-3
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        TrainerConfig(temperature=0.0)
