@@ -45,14 +45,12 @@ def plot(run_dir: Path) -> Path | None:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's (e.g. a notebook's) backend alone
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = [r["step"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig = Figure(figsize=(10, 3.5))
+    ax1, ax2 = fig.subplots(1, 2)
     ax1.plot(steps, [r.get("reward_mean", float("nan")) for r in rows], marker=".")
     ax1.set(xlabel="step", ylabel="mean reward of the trained batch", title="reward")
     ax2.plot(steps, [r.get("tokens_per_s_rollout", float("nan")) for r in rows], marker=".", label="rollout")
@@ -60,5 +58,4 @@ def plot(run_dir: Path) -> Path | None:
     fig.tight_layout()
     out = run_dir / "progress.png"
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out

@@ -16,6 +16,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "frozenlake": ("engine.envs.frozenlake", "FrozenLakeEnv"),
     "reasoning_gym": ("engine.envs.reasoning_gym", "ReasoningGymEnv"),
     "gem": ("engine.envs.gem", "GemEnv"),
+    "synthetic": ("engine.envs.synthetic", "SyntheticEnv"),
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ADAPTERS)
 

@@ -1,0 +1,49 @@
+"""notebooks/quickstart.ipynb executes headless: a short run, a deployment run triggered, the plot drawn."""
+
+import json
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_quickstart_notebook_runs(tmp_path, monkeypatch):
+    home = tmp_path / "prefect"
+    for k, v in {
+        "PREFECT_HOME": home,
+        "PREFECT_MEMO_STORE_PATH": home / "memo",
+        "PREFECT_LOCAL_STORAGE_PATH": home / "storage",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "ROLLART_ROOT": ROOT,
+        "ROLLART_RUN_ROOT": tmp_path / "runs",
+        "ROLLART_NOTEBOOK_STEPS": "2",
+    }.items():
+        monkeypatch.setenv(k, str(v))
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    for cell in nb.cells:  # a short, cheap run: HF engine and the Ray object store as weight store
+        if cell.cell_type == "code" and 'data["train"]["steps"] = STEPS' in cell.source:
+            cell.source += (
+                '\ndata["backends"].update(generation="hf", weight_store="ray")'
+                '\ndata["rollout"].update(concurrency=8, redundancy=0)'
+                '\ndata["train"].update(batch_groups=2)'
+                '\nfor t in data["tasks"]:'
+                '\n    t.update(group_size=2, max_turns=3, eval_seeds=t["eval_seeds"][:2])'
+                "\ncfg = load_config(data=data)"
+            )
+    NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
+    assert "triggered" in outputs and "SCHEDULED" in outputs
+    summary = json.loads((tmp_path / "runs" / "notebook" / "summary.json").read_text())
+    assert summary["steps"] == 2 and set(summary["eval"]) == {"frozenlake", "reasoning_gym/basic_arithmetic"}
+    assert any(
+        o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
