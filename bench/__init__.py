@@ -7,4 +7,5 @@ and, where a picture helps, a PNG next to it.
 
 BENCHMARKS: dict[str, str] = {
     "rollout-granularity": "bench.rollout_granularity",
+    "proxy-overhead": "bench.proxy_overhead",
 }
