@@ -21,9 +21,13 @@ fi
 
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
-echo "[install] python packages ($variant) — a cold install takes a few minutes"
-"${pip[@]}" -r "requirements/$variant.txt"
-"${pip[@]}" --no-deps -e .
+quiet() {  # drop pip's notes about this machine's configured-but-absent local indexes
+  "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
+echo "[install] python packages ($variant) — a cold install takes about ten minutes"
+quiet "${pip[@]}" -r "requirements/$variant.txt"
+quiet "${pip[@]}" --no-deps -e .
 if [ "$variant" = cpu ]; then
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
