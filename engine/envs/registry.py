@@ -17,6 +17,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "reasoning_gym": ("engine.envs.reasoning_gym", "ReasoningGymEnv"),
     "gem": ("engine.envs.gem", "GemEnv"),
     "synthetic": ("engine.envs.synthetic", "SyntheticEnv"),
+    "code": ("engine.envs.code", "CodeEnv"),
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ADAPTERS)
 

@@ -9,7 +9,7 @@ from engine.envs.registry import ENV_NAMES, make_env
 
 
 def test_env_names():
-    assert ENV_NAMES == ("frozenlake", "reasoning_gym", "gem", "synthetic")
+    assert ENV_NAMES == ("frozenlake", "reasoning_gym", "gem", "synthetic", "code")
 
 
 def test_registry_import_loads_no_env_package():
