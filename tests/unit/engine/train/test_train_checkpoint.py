@@ -18,19 +18,21 @@ from engine.types import Group
 CONFIG = TrainerConfig(lr=1e-2, micro_batch_size=2, seed=7)
 
 
-def _random_batch(make_group: Callable[..., Group]) -> TrainBatch:
-    """A batch drawn from the global RNGs, so a resumed run only matches if the RNG states were restored."""
+def _random_batch(make_group: Callable[..., Group], step: int) -> TrainBatch:
+    """Step k's batch, from its own seeded generators: background threads of other tests in the same
+    process (Ray, Prefect) may draw from the global RNGs, so the RNG restore is checked on its own."""
+    g, rng = torch.Generator().manual_seed(step), random.Random(step)
     members = []
     for _ in range(4):
-        act = [int(t) for t in torch.randint(4, 64, (3,))]
-        lps = [-3.0 - random.random() for _ in act]
-        members.append((float(torch.rand(())), [([1, 2, 3], act, lps, 0)]))
+        act = [int(t) for t in torch.randint(4, 64, (3,), generator=g)]
+        lps = [-3.0 - rng.random() for _ in act]
+        members.append((float(torch.rand((), generator=g)), [([1, 2, 3], act, lps, 0)]))
     return build_train_batch([make_group(members)])
 
 
 def _train(trainer: TorchTrainer, steps: int, make_group: Callable[..., Group]) -> None:
     for _ in range(steps):
-        trainer.train_step(_random_batch(make_group))
+        trainer.train_step(_random_batch(make_group, trainer.version))
 
 
 def test_resume_is_bit_for_bit_identical(
@@ -41,11 +43,13 @@ def test_resume_is_bit_for_bit_identical(
 
     first = TorchTrainer(tiny_model(seed=0), CONFIG)
     _train(first, 2, make_group)
+    py_state, torch_state = random.getstate(), torch.get_rng_state()
     path = save_checkpoint(tmp_path, first, extra={"buffer": [1, 2], "sampler": {"cursor": 5}})
     assert path == checkpoint_dir(tmp_path, 2)
     torch.rand(100), random.random()  # disturb the RNGs: the checkpoint must restore them
     resumed = TorchTrainer(tiny_model(seed=1), CONFIG)  # different weights: the checkpoint must restore them
     assert load_checkpoint(path, resumed) == {"buffer": [1, 2], "sampler": {"cursor": 5}}
+    assert random.getstate() == py_state and torch.equal(torch.get_rng_state(), torch_state)
     assert resumed.version == 2
     _train(resumed, 2, make_group)
 
