@@ -37,6 +37,11 @@ class ModelConfig(_Strict):
     path: str | None = Field(None, description="HF model directory; None = build one with `init_size`")
     init_size: Literal["tiny", "small"] = "tiny"
     init_seed: int = 0
+    pretrain_steps: int = Field(
+        0,
+        ge=0,
+        description="format-only pretraining of the built model (engine/models/pretrain.py); 0 = random",
+    )
     max_context: int = Field(1024, gt=0, description="tokens; a trajectory reaching it is truncated")
 
 
@@ -79,6 +84,7 @@ class RolloutConfig(_Strict):
 class TrainConfig(_Strict):
     steps: int = Field(20, ge=1)
     lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="linear lr warm-up over the first steps")
     batch_groups: int = Field(4, ge=1, description="GRPO groups per training step")
     micro_batch: int = Field(16, ge=1)
     alpha: int = Field(1, ge=0, description="staleness bound: train only on samples started at >= n - alpha")

@@ -26,7 +26,9 @@ from engine.rollout.service import RolloutService
 from engine.train.train_worker import TrainWorker
 from infra.metadata import MetadataStore
 
-LOOPBACK_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "RAY_USAGE_STATS_ENABLED": "0"}
+# The run's processes: Mooncake binds loopback only, no usage reporting, and Mooncake's glog INFO lines
+# (a dozen per client) stay out of the user's terminal; warnings and errors still show.
+WORKER_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "RAY_USAGE_STATS_ENABLED": "0", "GLOG_minloglevel": "1"}
 
 
 def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
@@ -81,7 +83,7 @@ class Experiment:
                     include_dashboard=False,
                     namespace=self.namespace,
                     _node_ip_address="127.0.0.1",
-                    runtime_env={"env_vars": LOOPBACK_ENV},
+                    runtime_env={"env_vars": WORKER_ENV},
                 )
         return {
             "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
@@ -95,7 +97,8 @@ class Experiment:
         else:
             out = self.run_dir / "model-init"
             if not (out / "config.json").exists():
-                init_model(self.cfg.model.init_size, out, seed=self.cfg.model.init_seed)
+                model = self.cfg.model
+                init_model(model.init_size, out, seed=model.init_seed, pretrain_steps=model.pretrain_steps)
             self.model_dir = str(out)
         return self.model_dir
 
@@ -104,7 +107,7 @@ class Experiment:
         if kind == "mooncake":
             from infra.weightstore.mooncake_master import MooncakeMaster
 
-            os.environ.update(LOOPBACK_ENV)
+            os.environ.update(WORKER_ENV)
             self._master = MooncakeMaster(log_dir=self.run_dir / "mooncake")
             self._master.start()
             self.store_spec = {
@@ -127,6 +130,7 @@ class Experiment:
         common = {"store": self.store_spec, "run_id": self.run_id}
         train_cfg = {
             "lr": cfg.train.lr,
+            "warmup_steps": cfg.train.warmup_steps,
             "micro_batch_size": cfg.train.micro_batch,
             "max_grad_norm": cfg.train.grad_clip,
             "weight_decay": cfg.train.weight_decay,

@@ -26,7 +26,7 @@ def _config_show(args: argparse.Namespace) -> int:
 def _model_init(args: argparse.Namespace) -> int:
     from engine.models.tiny import init_model  # torch/transformers: import only when needed
 
-    out = init_model(args.size, Path(args.out), seed=args.seed)
+    out = init_model(args.size, Path(args.out), seed=args.seed, pretrain_steps=args.pretrain_steps)
     print(f"model written to {out}")
     return 0
 
@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--size", choices=["tiny", "small"], default="tiny")
     init.add_argument("--out", required=True)
     init.add_argument("--seed", type=int, default=0)
+    init.add_argument(
+        "--pretrain-steps", type=int, default=0, help="format-only pretraining steps (0: random weights)"
+    )
     init.set_defaults(func=_model_init)
 
     from bench import BENCHMARKS

@@ -32,9 +32,9 @@ from engine.rollout.chat import ChatFormat
 from engine.rollout.service import ProxyClient
 from flows.observe import MetricsSink, plot
 from tasks.checkpoint import restore_checkpoint, save_checkpoint
-from tasks.setup import deploy_reward, provision_pools, start_actors, warmup_sandboxes
+from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
 
-console = Console()
+console = Console(soft_wrap=True)  # one line per step, whatever the terminal width
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
 
 
@@ -119,6 +119,9 @@ async def train(
         provision_pools(exp)
         console.print(f"sandboxes: {await warmup_sandboxes(exp)}")
         deploy_reward(exp)
+        if not cfg.model.path and cfg.model.pretrain_steps:
+            console.print(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
+        console.print(f"model: {prepare_model(exp)}")
         start_actors(exp)
         first = restore_checkpoint(exp, resume)
         last = first + more_steps if more_steps else cfg.train.steps

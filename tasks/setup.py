@@ -4,8 +4,10 @@ Each is a small unit with its own retries and timeout; none caches (the inputs a
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -44,8 +46,21 @@ def deploy_reward(exp: Experiment) -> dict[str, Any]:
     return {"endpoint": None, "scoring": {t.name: "rule (in the rollout actor)" for t in exp.cfg.tasks}}
 
 
+@task(name="prepare_model", retries=1, retry_delay_seconds=2, timeout_seconds=1800, cache_policy=NO_CACHE)
+def prepare_model(exp: Experiment) -> dict[str, Any]:
+    """The configured model, or a tiny one built (and format-pretrained) in the run directory."""
+    t0 = time.perf_counter()
+    model_dir = Path(exp.prepare_model())
+    report: dict[str, Any] = {"model_dir": str(model_dir), "seconds": round(time.perf_counter() - t0, 1)}
+    pretrain = model_dir / "pretrain.json"
+    if pretrain.exists():
+        losses = json.loads(pretrain.read_text())["losses"]
+        report["pretrain"] = {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1]}
+    return report
+
+
 @task(name="start_actors", retries=1, retry_delay_seconds=5, timeout_seconds=900, cache_policy=NO_CACHE)
 def start_actors(exp: Experiment) -> dict[str, Any]:
-    model = exp.prepare_model()
+    model = exp.model_dir or exp.prepare_model()
     store = exp.start_weight_store()
     return {"model_dir": model, "weight_store": store["kind"], **exp.start_actors()}

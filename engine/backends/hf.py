@@ -36,7 +36,7 @@ from engine.backends.base import GenerationBackend
 from engine.types import GenOutput, GenRequest
 
 
-@dataclass
+@dataclass(eq=False)
 class _Seq:
     """One request's state inside the engine."""
 
@@ -87,11 +87,11 @@ class HFBackend(GenerationBackend):
         self._waiting: deque[_Seq] = deque()
         self._inflight: dict[str, _Seq] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        # Batch state, touched only by `_step` (in the executor thread).
+        # Batch state, touched only between or inside steps (never concurrently).
         self._running: list[_Seq] = []
         self._cache: DynamicCache | None = None
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        self._stale = False
+        self._stale = False  # set by load_weights: the KV cache predates the weights
 
     # ---- public API -------------------------------------------------------------------------------
 
@@ -119,17 +119,22 @@ class HFBackend(GenerationBackend):
             raise
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy `named_tensors` (HF parameter names) into the model; later tokens carry `version`."""
+        """Copy `named_tensors` (HF parameter names) into the model; later tokens carry `version`.
+
+        Every name and shape is checked before anything is copied, so a bad update changes nothing.
+        """
+        updates = list(named_tensors)
+        for name, tensor in updates:
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(f"load_weights: model has no parameter {name!r}")
+            if param.shape != tensor.shape:
+                raise ValueError(
+                    f"load_weights: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}"
+                )
         with self._lock, torch.no_grad():
-            for name, tensor in named_tensors:
-                param = self._params.get(name)
-                if param is None:
-                    raise KeyError(f"load_weights: model has no parameter {name!r}")
-                if param.shape != tensor.shape:
-                    raise ValueError(
-                        f"load_weights: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}"
-                    )
-                param.copy_(tensor)
+            for name, tensor in updates:
+                self._params[name].copy_(tensor)
             self.version = version
             self._stale = True
 
@@ -160,12 +165,12 @@ class HFBackend(GenerationBackend):
                 admitted.append(self._waiting.popleft())
             try:
                 finished = await loop.run_in_executor(self._executor, self._step, admitted)
-            except Exception as exc:  # a failed forward fails the requests in it, not the engine
-                for seq in [*self._running, *admitted]:
+            except Exception as exc:  # a failed step fails the requests it held, not the engine
+                for seq in [s for s in self._inflight.values() if s not in self._waiting]:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
-                    self._inflight.pop(seq.request.request_id, None)
-                self._running, self._cache, self._stale = [], None, False
+                    del self._inflight[seq.request.request_id]
+                self._reset()
                 continue
             for seq in finished:
                 self._resolve(seq)
@@ -276,8 +281,7 @@ class HFBackend(GenerationBackend):
         if len(seqs) == len(self._running):
             return
         if not seqs:
-            self._running, self._cache = [], None
-            self._mask = self._mask.new_zeros(0, 0)
+            self._reset()
             return
         index = {id(s): i for i, s in enumerate(self._running)}
         rows = torch.tensor([index[id(s)] for s in seqs], device=self.device)
@@ -289,6 +293,11 @@ class HFBackend(GenerationBackend):
             layer.keys = layer.keys[rows, :, start:]
             layer.values = layer.values[rows, :, start:]
         self._running = seqs
+
+    def _reset(self) -> None:
+        """Empty the batch: no running sequences, no KV cache."""
+        self._running, self._cache, self._stale = [], None, False
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Pick one token per sequence from `logits` [N, V]; record it and its log-prob (see module doc)."""

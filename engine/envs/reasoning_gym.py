@@ -49,19 +49,36 @@ class ReasoningGymEnv(Env):
     Any int is a valid seed; seeds that differ modulo `size` pose different entries, so training and
     held-out evaluation use disjoint seed ranges below `size`. `**dataset_config` goes to the
     dataset's config class.
+
+    `holdout > 0` makes that split part of the env, because training seeds are drawn at random from
+    [0, 2**31) and `seed % size` would reach every entry: the last `holdout` entries,
+    [size - holdout, size), are posed only by the seeds in that range (use them as `eval_seeds`),
+    and every other seed poses entry `seed % (size - holdout)`. A random training seed lands in the
+    held-out range with probability holdout / 2**31 per draw (5e-8 for 100).
     """
 
     name = "reasoning_gym"
     default_profile = Profile.DECODE_HEAVY
     instructions = f"Solve the problem. {_FORMAT_LINE}"
 
-    def __init__(self, dataset: str, size: int = 1000, dataset_seed: int = 0, **dataset_config: Any) -> None:
+    def __init__(
+        self, dataset: str, size: int = 1000, dataset_seed: int = 0, holdout: int = 0, **dataset_config: Any
+    ) -> None:
+        if not 0 <= holdout < size:
+            raise ValueError(f"holdout must be in [0, size={size}) (some entries must be left to train on)")
         self.dataset = dataset
+        self.holdout = holdout
         self._data = load_dataset(dataset, size, dataset_seed, dataset_config)
         self._entry: dict[str, Any] | None = None
 
+    def entry_index(self, seed: int) -> int:
+        """The dataset entry that `reset(seed)` poses."""
+        size = len(self._data)
+        train = size - self.holdout
+        return seed if train <= seed < size else seed % train
+
     async def reset(self, seed: int) -> str:
-        self._entry = self._data[seed % len(self._data)]
+        self._entry = self._data[self.entry_index(seed)]
         return f"{self._entry['question']}\n{_FORMAT_LINE}"
 
     async def step(self, action: str) -> EnvStep:

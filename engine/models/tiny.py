@@ -7,13 +7,18 @@ because vLLM supports it natively; embeddings are tied to keep most parameters i
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import time
 from pathlib import Path
 from typing import Literal
 
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from engine.models.pretrain import PretrainConfig, pretrain
 from engine.models.tokenizer import train_tokenizer
+from engine.rollout.chat import ChatFormat
 
 ModelSize = Literal["tiny", "small"]
 
@@ -38,14 +43,18 @@ VOCAB_SIZE = 1024
 MAX_POSITIONS = 2048
 
 
-def init_model(size: ModelSize, out: Path, seed: int = 0) -> Path:
-    """Write a randomly initialised fp32 model of `size` plus its tokenizer to `out`; return `out`.
+def init_model(size: ModelSize, out: Path, seed: int = 0, pretrain_steps: int = 0) -> Path:
+    """Write an fp32 model of `size` plus its tokenizer to `out`; return `out`.
 
-    Deterministic: the same `size` and `seed` give bit-identical weights and the same tokenizer. The global
-    torch RNG state is left as it was.
+    The weights are random, then, with `pretrain_steps > 0`, format-pretrained for that many steps
+    (seeded by `seed`; the losses go to `out/pretrain.json`). Deterministic: the same arguments give
+    the same tokenizer and, on the same thread count, bit-identical weights. The global torch RNG state
+    is left as it was.
     """
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    if pretrain_steps < 0:
+        raise ValueError(f"pretrain_steps must be >= 0, got {pretrain_steps}")
     out = Path(out)
     tokenizer = train_tokenizer(vocab_size=VOCAB_SIZE, seed=seed)
     config = Qwen2Config(
@@ -62,12 +71,19 @@ def init_model(size: ModelSize, out: Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
+    if pretrain_steps:
+        recipe = PretrainConfig(steps=pretrain_steps, seed=seed)
+        t0 = time.perf_counter()
+        losses = pretrain(model, ChatFormat(tokenizer), recipe)
+        report = {"config": dataclasses.asdict(recipe), "seconds": time.perf_counter() - t0, "losses": losses}
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if pretrain_steps:
+        (out / "pretrain.json").write_text(json.dumps(report, indent=1))
     return out
 
 

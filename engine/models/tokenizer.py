@@ -1,10 +1,11 @@
 """A byte-level BPE tokenizer trained locally on a small built-in corpus (no model hub needed).
 
 The tiny models this project trains on a CPU need a tokenizer whose vocabulary fits the tasks: English
-words, digits and arithmetic, FrozenLake-style grids ("S F F F"), the actions Left/Down/Right/Up inside
-`<answer>…</answer>`, and JSON-ish punctuation. Byte-level BPE means any text, including unicode the corpus
-never saw, still encodes and decodes exactly. Training is deterministic: the corpus comes from a seeded RNG
-and BPE merges are chosen by count, so the same arguments give the same vocabulary.
+words, digits and arithmetic, FrozenLake-style grids ("S F F F"), the moves left/down/right/up (either
+case, each one token) inside `<answer>…</answer>`, and JSON-ish punctuation. Byte-level BPE means any
+text, including unicode the corpus never saw, still encodes and decodes exactly. Training is
+deterministic: the corpus comes from a seeded RNG and BPE merges are chosen by count, so the same
+arguments give the same vocabulary.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def _grid(rng: random.Random) -> str:
 
 def _action(rng: random.Random) -> str:
     act = rng.choice(_ACTIONS)
+    act = rng.choice([act, act.lower()])  # the envs ask for lowercase moves: make those one token too
     return rng.choice(
         [
             f"<answer>{act}</answer>",

@@ -7,7 +7,9 @@
   start version is older than `version - α` is evicted. (`areal` mode checks only at start, so
   nothing buffered is evicted for age; `get_batch` still never returns a group older than the bound
   unless `check_on_get=False`.)
-- `put` waits while the buffer holds `capacity` trajectories: back-pressure keeps it O(α·E).
+- `put` of a group's first member waits while the buffer holds `capacity` trajectories: back-pressure
+  keeps it O(α·E). Later members of a buffered group never wait — they are what completes it, and a
+  buffer full of partial groups would otherwise wait forever for them.
 
 Failed or aborted trajectories never enter; a group that cannot be completed is dropped whole
 (`drop_group`), so a partial group is never trained.
@@ -77,13 +79,16 @@ class SampleBuffer:
             ] += 1
             return False
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self) < self.capacity)
-            group = self._groups.get(traj.group_id)
-            if group is None:
-                group = self._groups[traj.group_id] = Group(traj.group_id, traj.task, traj.seed, group_size)
-            if traj.group_id in self._closed or group.complete:
+            gid = traj.group_id
+            await self._changed.wait_for(
+                lambda: gid in self._groups or gid in self._closed or len(self) < self.capacity
+            )
+            group = self._groups.get(gid)
+            if gid in self._closed or (group is not None and group.complete):
                 self.stats.evicted["group_closed"] += 1
                 return False
+            if group is None:
+                group = self._groups[gid] = Group(gid, traj.task, traj.seed, group_size)
             group.members.append(traj)
             self.stats.put += 1
             if group.complete:
@@ -141,6 +146,7 @@ class SampleBuffer:
             batch = sorted(self.complete_groups(), key=lambda g: (g.start_version, g.group_id))[:num_groups]
             for g in batch:
                 del self._groups[g.group_id]
+                self._closed.add(g.group_id)  # a late (redundant) member must not start it again
             self.stats.groups_returned += len(batch)
             self._changed.notify_all()
             return batch

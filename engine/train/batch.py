@@ -65,23 +65,22 @@ def build_train_batch(
 ) -> TrainBatch:
     """Concatenate each trajectory's turns into one sequence and compute GRPO advantages per group.
 
-    All groups must have the same number of members (the buffer hands out complete groups of G) and
-    every member a reward. Sequences are right-padded to the longest, or cut to `max_len` from the right
-    (flagged in `truncated`; cut action tokens simply carry no loss).
+    Groups may differ in size (tasks may set their own G); each is normalised over its own members, and
+    every member must have a reward. Sequences are right-padded to the longest, or cut to `max_len` from
+    the right (flagged in `truncated`; cut action tokens simply carry no loss).
     """
     if not groups:
         raise ValueError("groups is empty: nothing to build a batch from")
     if max_len is not None and max_len < 2:
         raise ValueError(f"max_len must be >= 2 (a context token and a target), got {max_len}")
-    sizes = {len(g.members) for g in groups}
-    if len(sizes) != 1 or 0 in sizes:
-        found = {g.group_id: len(g.members) for g in groups}
-        raise ValueError(f"all groups must have the same, non-zero number of members; got {found}")
+    sizes = [len(g.members) for g in groups]
+    if 0 in sizes:
+        raise ValueError(f"empty group(s): {[g.group_id for g in groups if not g.members]}")
     members = [m for g in groups for m in g.members]
     for m in members:
         _check_member(m)
     rewards = torch.tensor([float(m.reward) for m in members], dtype=torch.float32)  # type: ignore[arg-type]
-    advantages = group_advantages(rewards, group_size=sizes.pop(), eps=adv_eps, scale=adv_scale)
+    advantages = _advantages(rewards, sizes, adv_eps, adv_scale)
 
     rows = [_flatten(m) for m in members]
     longest = max(len(ids) for ids, _, _ in rows)
@@ -114,6 +113,17 @@ def build_train_batch(
         versions=[m.versions for m in members],
         truncated=truncated,
     )
+
+
+def _advantages(rewards: Tensor, sizes: list[int], eps: float, scale: AdvScale) -> Tensor:
+    """GRPO advantages of `rewards` ordered group by group, the groups of `sizes` members."""
+    if len(set(sizes)) == 1:
+        return group_advantages(rewards, group_size=sizes[0], eps=eps, scale=scale)
+    per_group = "none" if scale == "batch" else scale  # batch scale: centre per group, one batch std
+    centred = torch.cat(
+        [group_advantages(r, group_size=len(r), eps=eps, scale=per_group) for r in rewards.split(sizes)]
+    )
+    return centred / (rewards.std() + eps) if scale == "batch" else centred
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -41,7 +41,10 @@ class TrainWorker(Worker):
         super().__init__(*args, **kwargs)
         torch.set_num_threads(max(1, int(self.config.get("threads", 1))))
         self.model_dir = str(self.config["model_dir"])
-        self.trainer = TorchTrainer(self.model_dir, TrainerConfig(**self.config.get("trainer", {})))
+        trainer_cfg = TrainerConfig(**self.config.get("trainer", {}))
+        # The KL reference is the model training started from; it stays frozen (and is the same on resume).
+        ref_model = self.model_dir if trainer_cfg.kl_beta > 0 else None
+        self.trainer = TorchTrainer(self.model_dir, trainer_cfg, ref_model=ref_model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         store = self.config.get("store")

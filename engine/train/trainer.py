@@ -23,6 +23,9 @@ from engine.train.grpo import LossAgg, policy_loss
 @dataclass(frozen=True)
 class TrainerConfig:
     lr: float = 1e-5
+    warmup_steps: int = (
+        0  # the lr rises linearly over the first `warmup_steps` steps (from lr / warmup_steps)
+    )
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0  # None: report the norm, do not clip
@@ -51,6 +54,12 @@ class TrainerConfig:
             raise ValueError("temperature must be > 0 (greedy rollouts have no behaviour distribution)")
         if self.kl_beta < 0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser step `step` (0-based): linear warm-up, then constant."""
+        return self.lr * min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else self.lr
 
 
 ModelSource = PreTrainedModel | str | Path
@@ -119,6 +128,9 @@ class TorchTrainer:
             totals["entropy"] += entropy_sum / action_tokens
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        lr = cfg.lr_at(self.version)  # from the step count alone, so a resumed run continues the schedule
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
         self.optimizer.step()
         self.version += 1
         step_s = time.perf_counter() - start
@@ -126,6 +138,7 @@ class TorchTrainer:
         return {
             **totals,
             "grad_norm": float(grad_norm),
+            "lr": lr,
             "tokens": tokens,
             "action_tokens": action_tokens,
             "tokens_per_s": tokens / step_s,

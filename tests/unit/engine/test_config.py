@@ -11,9 +11,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 def test_quickstart_resolves_with_defaults_filled_in():
     cfg = load_config(QUICKSTART)
     assert cfg.name == "quickstart"
-    assert [t.name for t in cfg.tasks] == ["frozenlake", "reasoning_gym/basic_arithmetic"]
+    assert [t.name for t in cfg.tasks] == ["frozenlake", "reasoning_gym/leg_counting"]
     assert cfg.tasks[0].profile.value == "prefill-heavy" and cfg.tasks[1].profile.value == "decode-heavy"
-    assert cfg.train.mode == "rollart" and cfg.train.alpha == 1
+    assert cfg.train.mode == "areal" and cfg.train.alpha == 1 and cfg.model.pretrain_steps == 100
     assert cfg.backends.metadata_url.startswith("sqlite:///")
     # the resolved YAML loads back to the same config
     import yaml

@@ -107,6 +107,14 @@ async def test_concurrent_requests_all_complete(vllm: VLLMBackend) -> None:
         assert len(out.logprobs) == len(out.token_ids)
 
 
+async def test_seeded_requests_with_prompts_over_one_step_budget(vllm: VLLMBackend) -> None:
+    # 10 x 400 prompt tokens exceed vLLM's 2048-token step budget; a split prefill of a seeded request
+    # used to kill the CPU engine ("CPU Generator does not use offset")
+    reqs = [GenRequest(f"b{i}", [3 + i] * 400, SamplingParams(1.0, max_tokens=4, seed=i)) for i in range(10)]
+    outs = await run_all(vllm, reqs)
+    assert all(len(o.token_ids) == 4 or o.finish_reason == "stop" for o in outs)
+
+
 async def test_late_request_joins_while_a_long_one_runs(vllm: VLLMBackend) -> None:
     long = asyncio.create_task(vllm.generate(GenRequest("long", prompt(1), greedy(300))))
     await vllm.generate(GenRequest("warm", prompt(1), greedy(1)))  # `long` is in the engine now

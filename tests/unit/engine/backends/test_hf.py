@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 
 import pytest
 import torch
@@ -205,15 +204,37 @@ async def test_abort_running_and_waiting_requests(model: PreTrainedModel) -> Non
     assert outs[2].token_ids == [] and outs[2].logprobs == []
 
 
+async def test_a_failed_step_fails_its_requests_but_not_the_engine(
+    model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = HFBackend(model)
+    forward = backend.model.forward
+
+    def fails_at_decode(input_ids: torch.Tensor, **kwargs: object) -> object:
+        if input_ids.shape[1] == 1:  # prefill passes, the first decode step raises
+            raise RuntimeError("boom")
+        return forward(input_ids=input_ids, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backend.model, "forward", fails_at_decode)
+        with pytest.raises(RuntimeError, match="boom"):
+            await backend.generate(GenRequest("x", prompt(1), greedy(4)))
+    out = await backend.generate(GenRequest("y", prompt(2), greedy(4)))
+    await backend.close()
+    assert out.token_ids == reference_greedy(model, prompt(2), 4)
+
+
 async def test_bad_requests_are_rejected_with_a_reason(model: PreTrainedModel) -> None:
     backend = HFBackend(model)
     with pytest.raises(ValueError, match="empty prompt"):
         await backend.generate(GenRequest("e", [], greedy(4)))
     with pytest.raises(ValueError, match="does not fit the model's context of 2048"):
         await backend.generate(GenRequest("l", [5] * 2048, greedy(4)))
+    norm = backend.model.get_parameter("model.norm.weight").detach().clone()
     with pytest.raises(KeyError, match="no parameter 'nope'"):
-        backend.load_weights([("nope", torch.zeros(1))], version=1)
+        backend.load_weights([("model.norm.weight", norm + 1), ("nope", torch.zeros(1))], version=1)
+    assert torch.equal(backend.model.get_parameter("model.norm.weight"), norm)  # nothing applied
     with pytest.raises(ValueError, match=r"model.norm.weight has shape \(128,\), got \(3,\)"):
         backend.load_weights([("model.norm.weight", torch.zeros(3))], version=1)
     await backend.close()
-    assert math.isclose(backend.version, 0)
+    assert backend.version == 0

@@ -52,8 +52,10 @@ def test_chat_template_is_qwen_style(tok) -> None:
 def test_vocabulary_fits_the_tasks(tok) -> None:
     assert len(tok) == 1024
     assert tok.tokenize("2025") == ["2", "0", "2", "5"]  # digits one per token
-    for word in ("Left", "Down", "Right", "Up", "answer"):
+    for word in ("Left", "Down", "Right", "Up", "left", "down", "right", "up", "answer"):
         assert len(tok.tokenize(word)) == 1, word
+    # the FrozenLake answer is 7 tokens + <|im_end|>: it fits a max_tokens of 8
+    assert len(tok.encode("<answer>right</answer>")) == 7
 
 
 def test_training_is_deterministic(tok) -> None:

@@ -79,3 +79,24 @@ async def test_capacity_applies_back_pressure():
     assert not blocked.done() and len(buf) == 4
     await buf.get_batch(1, current_version=0)
     assert await asyncio.wait_for(blocked, 1) and len(buf) == 3
+
+
+async def test_a_buffer_full_of_partial_groups_still_admits_the_members_that_complete_them():
+    buf = SampleBuffer(alpha=1, capacity=4)
+    for g in "abcd":  # four half groups fill the buffer
+        assert await buf.put(traj(g, 0, 0), group_size=2)
+    newcomer = asyncio.ensure_future(buf.put(traj("e", 0, 0), group_size=2))
+    await asyncio.sleep(0.01)
+    assert not newcomer.done()  # a new group waits for room ...
+    assert await asyncio.wait_for(buf.put(traj("a", 1, 0), group_size=2), 1)  # ... a sibling does not
+    assert len(buf) == 5 and [g.group_id for g in buf.complete_groups()] == ["a"]
+    assert [g.group_id for g in await asyncio.wait_for(buf.get_batch(1, current_version=0), 1)] == ["a"]
+    assert await asyncio.wait_for(newcomer, 1) and len(buf) == 4
+
+
+async def test_a_late_member_of_a_returned_group_is_refused_not_started_again():
+    buf = SampleBuffer(alpha=1, capacity=100)
+    await fill(buf, "a", 2, 0)
+    await buf.get_batch(1, current_version=0)
+    assert not await buf.put(traj("a", 2, 0), group_size=2)
+    assert len(buf) == 0 and buf.stats.evicted["group_closed"] == 1

@@ -199,3 +199,16 @@ def test_trainer_scores_tokens_at_the_rollout_temperature(
     assert abs(cold["ratio_mean"] - 1.0) > 1e-3
     with pytest.raises(ValueError, match="temperature must be > 0"):
         TrainerConfig(temperature=0.0)
+
+
+def test_learning_rate_warms_up_linearly_then_holds(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    batch = build_train_batch([_on_policy_group(model, make_group, [(1.0, PROMPT, [5]), (0.0, PROMPT, [7])])])
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-3, warmup_steps=4))
+    lrs = [trainer.train_step(batch)["lr"] for _ in range(6)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert TrainerConfig(lr=1e-3).lr_at(0) == 1e-3  # no warm-up by default
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0"):
+        TrainerConfig(warmup_steps=-1)

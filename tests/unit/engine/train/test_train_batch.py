@@ -104,12 +104,26 @@ def test_rejects_unscored_failed_uneven_and_misaligned(make_group: Callable[...,
     failed.members[0].status = TrajStatus.FAILED
     with pytest.raises(ValueError, match="status failed"):
         build_train_batch([failed])
-    uneven = [make_group([(0.0, ONE_TURN)], group_id="a"), make_group([(0.0, ONE_TURN)] * 2, group_id="b")]
-    with pytest.raises(ValueError, match="same, non-zero number of members"):
-        build_train_batch(uneven)
+    with pytest.raises(ValueError, match="empty group"):
+        build_train_batch([make_group([(0.0, ONE_TURN)], group_id="a"), make_group([], group_id="b")])
     with pytest.raises(ValueError, match="2 action ids but 1 action logprobs"):
         build_train_batch([make_group([(0.0, [([1], [2, 3], [-0.1], 0)])])])
     with pytest.raises(ValueError, match="max_len"):
         build_train_batch([make_group([(0.0, ONE_TURN)])], max_len=1)
     with pytest.raises(ValueError, match="groups is empty"):
         build_train_batch([])
+
+
+def test_groups_of_different_sizes_are_each_normalised_over_their_own_members(
+    make_group: Callable[..., Group],
+) -> None:
+    small = make_group([(r, ONE_TURN) for r in (1.0, 0.0)], group_id="s")
+    large = make_group([(r, ONE_TURN) for r in (1.0, 0.0, 0.0, 0.0)], group_id="l")
+    adv = build_train_batch([small, large]).advantages
+    h = 0.5 / (math.sqrt(0.5) + 1e-6)  # rewards 1, 0: centred +-0.5, std sqrt(0.5)
+    big, small_neg = 0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)  # rewards 1, 0, 0, 0: std 0.5
+    assert adv.tolist() == pytest.approx([h, -h, big, small_neg, small_neg, small_neg])
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    centred = torch.tensor([0.5, -0.5, 0.75, -0.25, -0.25, -0.25])
+    batch_scaled = build_train_batch([small, large], adv_scale="batch").advantages
+    assert torch.allclose(batch_scaled, centred / (rewards.std() + 1e-6))

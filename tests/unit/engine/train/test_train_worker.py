@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.models.tiny import init_model
+from engine.train.train_worker import TrainWorker
+from engine.types import Group
+
+# token ids below the tiny model's vocabulary (1024); one two-token action per trajectory
+TURN = ([10, 11, 12], [20, 21], [-3.0, -3.0], 0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(init_model("tiny", tmp_path_factory.mktemp("tw") / "tiny"))
+
+
+def worker(model_dir: str, **trainer: object) -> TrainWorker:
+    return TrainWorker(
+        "train-0", 0, 1, "compute", "gpu-compute", {"model_dir": model_dir, "run_id": "r", "trainer": trainer}
+    )
+
+
+def test_kl_beta_trains_against_the_frozen_starting_model(
+    model_dir: str, make_group: Callable[..., Group]
+) -> None:
+    tw = worker(model_dir, lr=1e-2, kl_beta=0.1)
+    group = make_group([(1.0, [TURN]), (0.0, [([10, 11, 12], [30, 31], [-3.0, -3.0], 0)])])
+    kls = [tw.train_step([group])["kl"] for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
+    assert 0 < kls[1] < kls[2]  # the policy moves away; the reference does not
+    assert worker(model_dir).trainer.ref_model is None  # no reference model without the KL term
+
+
+def test_groups_of_different_sizes_train_together(model_dir: str, make_group: Callable[..., Group]) -> None:
+    tw = worker(model_dir, lr=1e-3)
+    pair = make_group([(1.0, [TURN]), (0.0, [TURN])], group_id="pair")
+    four = make_group([(1.0, [TURN]), (0.0, [TURN]), (0.0, [TURN]), (0.5, [TURN])], group_id="four")
+    metrics = tw.train_step([pair, four])
+    assert metrics["groups"] == 2 and metrics["trajectories"] == 6 and Path(model_dir).is_dir()
