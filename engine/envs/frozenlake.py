@@ -8,7 +8,6 @@ run. The grid is rendered here from the map and the player's cell rather than fr
 from __future__ import annotations
 
 import re
-from collections import deque
 from typing import Any
 
 from gymnasium.envs.toy_text import frozen_lake as gym_fl
@@ -42,12 +41,6 @@ class FrozenLakeEnv(Env):
     leaves the state unchanged and costs `invalid_penalty`. With `random_map`, every reset seed
     draws its own map (`map_size` x `map_size`, each tile frozen with probability `frozen_p`),
     which then takes the place of `map_name`.
-
-    `progress_reward > 0` adds potential-based shaping (Ng et al., 1999): each move pays
-    `progress_reward` × (how many steps closer to G it brought the player), where closeness is the
-    shortest walk over the ice. Over an episode that telescopes to `progress_reward` × (distance at
-    the start − distance at the last cell on the ice), so a return also says how far the player got,
-    and the best policy is unchanged (reach G). Success is still only reaching G.
     """
 
     name = "frozenlake"
@@ -64,7 +57,6 @@ class FrozenLakeEnv(Env):
         map_size: int = 4,
         frozen_p: float = 0.8,
         invalid_penalty: float = -0.1,
-        progress_reward: float = 0.0,
     ) -> None:
         if map_name not in gym_fl.MAPS:
             raise ValueError(f"map_name must be one of {sorted(gym_fl.MAPS)}, got {map_name!r}")
@@ -78,10 +70,6 @@ class FrozenLakeEnv(Env):
         self.map_size = map_size
         self.frozen_p = frozen_p
         self.invalid_penalty = invalid_penalty
-        if progress_reward < 0:
-            raise ValueError(f"progress_reward must be >= 0, got {progress_reward}")
-        self.progress_reward = progress_reward
-        self._distance: dict[int, int] = {}  # state -> shortest walk to G over the ice (reachable only)
         self._lake = None if random_map else self._make_lake(gym_fl.MAPS[map_name])
         self._done = True
 
@@ -109,8 +97,6 @@ class FrozenLakeEnv(Env):
             self._lake = self._make_lake(desc)
         assert self._lake is not None
         self._lake.reset(seed=seed)  # seeds the slip draws too
-        if self.progress_reward and (self.random_map or not self._distance):
-            self._distance = _distances_to_goal(self._lake)
         self._done = False
         return self._observation()
 
@@ -121,33 +107,9 @@ class FrozenLakeEnv(Env):
         if move is None:
             obs = self._observation("Invalid move.")
             return EnvStep(obs, self.invalid_penalty, False, {"invalid": True})
-        before = int(self._lake.s)
         _, reward, terminated, _, _ = self._lake.step(move)
-        reward = float(reward) + self._progress(before, int(self._lake.s))
         self._done = bool(terminated)  # before rendering: a finished episode asks for no move
         info: dict[str, Any] = {"invalid": False}
         if terminated:
             info["success"] = reward > 0
-        return EnvStep(self._observation(), reward, self._done, info)
-
-    def _progress(self, before: int, after: int) -> float:
-        """The shaping term of a move (0 off, from or into a cell with no walk to G, e.g. a hole)."""
-        if before not in self._distance or after not in self._distance:
-            return 0.0
-        return self.progress_reward * (self._distance[before] - self._distance[after])
-
-
-def _distances_to_goal(lake: gym_fl.FrozenLakeEnv) -> dict[int, int]:
-    """Breadth-first search back from G over S/F/G cells: {state: fewest moves to G}."""
-    desc = lake.desc.astype(str)
-    rows, cols = desc.shape
-    goal = next(r * cols + c for r in range(rows) for c in range(cols) if desc[r, c] == "G")
-    dist, queue = {goal: 0}, deque([goal])
-    while queue:
-        r, c = divmod(queue.popleft(), cols)
-        for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
-            nxt = nr * cols + nc
-            if 0 <= nr < rows and 0 <= nc < cols and desc[nr, nc] != "H" and nxt not in dist:
-                dist[nxt] = dist[r * cols + c] + 1
-                queue.append(nxt)
-    return dist
+        return EnvStep(self._observation(), float(reward), self._done, info)

@@ -173,36 +173,3 @@ async def test_step_before_reset_raises():
 def test_bad_options_name_the_option(kwargs: dict, word: str):
     with pytest.raises(ValueError, match=word):
         FrozenLakeEnv(**kwargs)
-
-
-async def test_progress_reward_pays_each_step_closer_and_telescopes_over_an_episode():
-    env = FrozenLakeEnv(progress_reward=0.1)
-    await env.reset(0)  # S is 6 moves from G on the standard map
-    rewards = [(await env.step(a)).reward for a in ["down", "up", "down", "down", "right", "right", "down"]]
-    assert rewards == pytest.approx([0.1, -0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
-    last = await env.step("right")
-    assert last.reward == pytest.approx(1.1) and last.info["success"]
-    assert sum(rewards) + last.reward == pytest.approx(1.0 + 0.1 * 6)  # start distance 6, end 0
-
-
-async def test_progress_reward_keeps_what_was_gained_before_a_hole_and_walls_pay_nothing():
-    env = FrozenLakeEnv(progress_reward=0.1)
-    await env.reset(0)
-    assert (await env.step("left")).reward == 0.0  # a wall: no move, no progress
-    assert (await env.step("right")).reward == pytest.approx(0.1)  # (0,1): 5 moves from G
-    hole = await env.step("down")  # (1,1) is a hole: no walk to G from there
-    assert (hole.reward, hole.done, hole.info["success"]) == (0.0, True, False)
-    with pytest.raises(ValueError, match="progress_reward must be >= 0"):
-        FrozenLakeEnv(progress_reward=-1)
-
-
-async def test_progress_reward_on_random_maps_follows_each_map():
-    env = FrozenLakeEnv(random_map=True, map_size=5, progress_reward=1.0)
-    for seed in range(5):
-        await env.reset(seed)
-        total, done, moves = 0.0, False, 0
-        while not done and moves < 3:
-            step = await env.step("right")
-            total, done, moves = total + step.reward, step.done, moves + 1
-        assert total == pytest.approx(round(total))  # whole steps of progress (plus 1 at the goal)
-        assert -3 <= total <= 4
