@@ -8,4 +8,10 @@ and, where a picture helps, a PNG next to it.
 BENCHMARKS: dict[str, str] = {
     "rollout-granularity": "bench.rollout_granularity",
     "proxy-overhead": "bench.proxy_overhead",
+    "affinity": "bench.affinity",
+    "pd": "bench.pd",
+    "serverless": "bench.serverless",
+    "redundancy": "bench.redundancy",
+    "scale": "bench.scale",
+    "all": "bench.all",  # runs the others and writes report.md
 }

@@ -1,14 +1,20 @@
-"""Output helpers shared by the benchmarks: a rich table, the JSON file, a PNG path."""
+"""Helpers shared by the benchmarks: settings from the options, a rich table, the JSON, a PNG, Markdown."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+S = TypeVar("S")
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]], note: str = "") -> None:
@@ -38,3 +44,48 @@ def png_path(json_path: str | None, default: str) -> Path:
     p = Path(json_path).with_suffix(".png") if json_path else Path(default)
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def pick_settings(args: Any, full: S, quick: S) -> S:
+    """`--quick` picks the base settings; every option given (not None) overrides the field of its name."""
+    names = [f.name for f in fields(full)]  # type: ignore[arg-type]  # S is a dataclass
+    given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return replace(quick if getattr(args, "quick", False) else full, **given)
+
+
+def new_figure(width: float = 6.0, height: float = 4.0, cols: int = 1) -> tuple[Figure, Any]:
+    """A figure and its `cols` axes side by side, drawn off-screen (no pyplot, no global backend switch)."""
+    from matplotlib.figure import Figure  # not at CLI start
+
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(1, cols)
+
+
+def save_figure(fig: Figure, json_path: str | None, default: str) -> str:
+    """Write the figure next to the JSON (`png_path`); return its path."""
+    out = png_path(json_path, default)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return str(out)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a GitHub-flavoured Markdown table (floats to 3 decimals, nested values as JSON)."""
+    if not rows:
+        return "(no rows)"
+    cols = list(rows[0])
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return json.dumps(v) if isinstance(v, dict | list) else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def load_note(before: Sequence[float], after: Sequence[float], cpus: int | None) -> str:
+    """The 1/5/15-minute load averages around a measurement: other users of the CPUs skew its numbers."""
+    fmt = "/".join(["{:.1f}"] * 3)
+    return f"Load average (1/5/15 min) before {fmt.format(*before)}, after {fmt.format(*after)}, {cpus} CPUs."

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import gc
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from bench.report import png_path, print_table, write_json
+from bench.harness import steady_gc
+from bench.report import new_figure, print_table, save_figure, write_json
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
@@ -176,27 +175,6 @@ class _Recorded(Env):
         return result
 
 
-@contextlib.contextmanager
-def _steady_gc() -> Iterator[None]:
-    """Keep the garbage collector's pauses out of a measurement; restore its settings afterwards.
-
-    Measured here: with torch and transformers loaded, CPython's default thresholds collect every few
-    hundred allocations and a full pass walks every loaded object: 5–10% of the event loop's time
-    (a 0.1-s pause stalls all E env loops at once). Freezing what exists before the run and collecting
-    the young generation every 10,000 allocations, as long-lived servers do, leaves the control plane's
-    own cost. Reference counting still frees acyclic garbage at once.
-    """
-    threshold = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
-
-
 async def rollout_step(
     s: Settings, sigma: float, granularity: str, chat: ChatFormat, timeout_s: float
 ) -> dict[str, Any]:
@@ -241,7 +219,7 @@ async def rollout_step(
         [task], chat, proxy, buffer, RewardScorer(), factory, StalenessPolicy("areal", 0),
         concurrency=s.envs, batch_groups=groups, seed=s.seed, granularity=granularity,
     )  # fmt: skip
-    with _steady_gc():
+    with steady_gc():
         t0 = time.perf_counter()
         runner = asyncio.ensure_future(scheduler.run())
         try:
@@ -302,14 +280,8 @@ async def _measure(s: Settings) -> list[dict[str, Any]]:
 
 # -- output ------------------------------------------------------------------------------------------
 def _plot(rows: list[dict[str, Any]], s: Settings, path: str | None) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = png_path(path, "rollout_granularity.png")
+    fig, ax = new_figure()
     sig = [r["sigma"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(sig, [r["speedup"] for r in rows], "o-", label="ours (measured)")
     ax.plot(sig, [r["ideal_speedup"] for r in rows], "s--", alpha=0.6, label="ours (ideal, from the draws)")
     if s.mu == 10.0:
@@ -318,10 +290,7 @@ def _plot(rows: list[dict[str, Any]], s: Settings, path: str | None) -> str:
     ax.set_title(f"Trajectory vs batch rollout: E={s.envs}, T={s.turns}, μ={s.mu}")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return str(out)
+    return save_figure(fig, path, "rollout_granularity.png")
 
 
 def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:

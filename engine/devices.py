@@ -9,8 +9,10 @@ the pure datasheet bound and hand checks are exact; pass e.g. 0.5/0.7 for realis
 
 Simplifications, on purpose: attention FLOPs are ignored (small next to the weights' FLOPs below a few
 thousand tokens of context); tensor parallelism over `tp` devices scales peaks linearly (no all-reduce
-cost); an MoE decode step reads only the *active* parameters' bytes, which holds for small batches — a big
-batch touches most experts, so decode of large MoE batches is under-costed.
+cost). An MoE decode step reads the dense part of the weights plus every routed expert that at least one of
+the batch's tokens picked: with top-k of E experts and tokens routed independently and uniformly, a batch of
+b sequences touches a fraction 1 - (1 - k/E)^b of them (k/E for one sequence, i.e. the active parameters;
+nearly all of them from a few dozen sequences on). Compute is always 2 FLOPs per *active* parameter.
 """
 
 from __future__ import annotations
@@ -73,6 +75,17 @@ class ModelProfile:
     head_dim: int
     bytes_per_param: int = 2  # bf16 weights
     bytes_per_kv_elem: int = 2  # bf16 KV cache
+    experts: int = 0  # routed experts per MoE layer; 0 for a dense model
+    experts_per_token: int = 0  # experts each token is routed to (top-k)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.active_params <= self.params:
+            raise ValueError(f"{self.name}: need 0 < active_params <= params")
+        if self.experts and not 0 < self.experts_per_token < self.experts:
+            got = f"top-{self.experts_per_token} of {self.experts}"
+            raise ValueError(f"{self.name}: need 0 < experts_per_token < experts, got {got}")
+        if (self.active_params < self.params) != bool(self.experts):
+            raise ValueError(f"{self.name}: an MoE (active_params < params) must give experts and top-k")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -87,6 +100,20 @@ class ModelProfile:
     def active_weight_bytes(self) -> float:
         return self.active_params * self.bytes_per_param
 
+    @property
+    def expert_params(self) -> float:
+        """Parameters in routed experts (all of them): the active ones are a k/E share of these."""
+        if not self.experts:
+            return 0.0
+        return (self.params - self.active_params) / (1 - self.experts_per_token / self.experts)
+
+    def step_weight_bytes(self, seqs: int) -> float:
+        """Weight bytes one forward step over `seqs` tokens reads: the dense part and every expert touched."""
+        if not self.experts:
+            return self.weight_bytes
+        touched = 1 - (1 - self.experts_per_token / self.experts) ** max(seqs, 1)
+        return (self.params - self.expert_params * (1 - touched)) * self.bytes_per_param
+
 
 # Presets from the Qwen model cards / config.json (parameter counts as published, incl. embeddings).
 MODELS: dict[str, ModelProfile] = {
@@ -95,7 +122,16 @@ MODELS: dict[str, ModelProfile] = {
         ModelProfile("qwen2.5-7b", 7.61e9, 7.61e9, layers=28, kv_heads=4, head_dim=128),
         ModelProfile("qwen3-8b", 8.19e9, 8.19e9, layers=36, kv_heads=8, head_dim=128),
         ModelProfile("qwen2.5-32b", 32.5e9, 32.5e9, layers=64, kv_heads=8, head_dim=128),
-        ModelProfile("qwen3-30b-a3b", 30.5e9, 3.3e9, layers=48, kv_heads=4, head_dim=128),  # 8 of 128 experts
+        ModelProfile(
+            "qwen3-30b-a3b",
+            30.5e9,
+            3.3e9,
+            layers=48,
+            kv_heads=4,
+            head_dim=128,
+            experts=128,
+            experts_per_token=8,
+        ),
     )
 }
 
@@ -124,9 +160,25 @@ def prefill_s(
 ) -> float:
     """Seconds to prefill `tokens` prompt tokens: 2 FLOPs per active parameter per token, compute-bound.
 
-    No weight-read floor: in an engine iteration the decode step that follows reads the weights anyway.
+    No weight-read floor: in an engine iteration the decode step that follows reads the weights anyway
+    (`prefill_only_s` is the time on a device that does nothing else).
     """
     return 2 * model.active_params * tokens / (device.peak_flops * tp * mfu)
+
+
+def prefill_only_s(
+    model: ModelProfile,
+    device: DeviceProfile,
+    tokens: int,
+    tp: int = 1,
+    *,
+    mfu: float = 1.0,
+    mbu: float = 1.0,
+) -> float:
+    """Seconds of a prefill batch on a dedicated prefill device (PD): the compute roof, but no less than one
+    read of the weights the batch touches (for an MoE, the experts its `tokens` are routed to)."""
+    memory = model.step_weight_bytes(tokens) / (device.hbm_bytes_per_s * tp * mbu)
+    return max(prefill_s(model, device, tokens, tp, mfu=mfu), memory)
 
 
 def decode_step_s(
@@ -141,9 +193,10 @@ def decode_step_s(
 ) -> float:
     """Seconds of one decode step giving each of `seqs` running sequences one token.
 
-    Memory roof: the step reads the active weights once plus the KV cache of every running sequence's
-    context (`batch_context_tokens` summed over the batch). Compute roof: 2 FLOPs per active parameter per
-    sequence; it wins only for big batches on compute-poor devices (e.g. H20).
+    Memory roof: the step reads the weights once (for an MoE, the experts the batch touches; see the
+    module doc) plus the KV cache of every running sequence's context (`batch_context_tokens` summed over
+    the batch). Compute roof: 2 FLOPs per active parameter per sequence; it wins only for big batches on
+    compute-poor devices (e.g. H20).
     """
     return decode_steps_s(model, device, batch_context_tokens, 1, tp, seqs=seqs, mbu=mbu, mfu=mfu)
 
@@ -166,7 +219,7 @@ def decode_steps_s(
     modelled backend advance many steps at once.
     """
     bandwidth = device.hbm_bytes_per_s * tp * mbu
-    first = (model.active_weight_bytes + model.kv_bytes_per_token * batch_context_tokens) / bandwidth
+    first = (model.step_weight_bytes(seqs) + model.kv_bytes_per_token * batch_context_tokens) / bandwidth
     growth = model.kv_bytes_per_token * seqs / bandwidth
     compute = 2 * model.active_params * seqs / (device.peak_flops * tp * mfu)
     # Steps j < (compute - first) / growth are compute-bound; the rest are memory-bound.

@@ -15,6 +15,8 @@ iterations until it owes at least `min_sleep_s`, sleeps that much, then returns 
 meanwhile. Oversleeping (a loaded event loop) is credited against the next iterations, so throughput keeps
 to modelled x time_scale; the price is that an arrival joins the batch up to `min_sleep_s` late and a
 result may come back that much early or late. Idle, no task runs: the next request starts the engine.
+Waits and timestamps go by the event loop's clock (`clock`), so under a loop with a simulated clock
+(`bench.clock`) the same engine runs in simulated time.
 
 Prefix cache: per trajectory, the token ids whose KV the previous turn left behind (prompt + output),
 kept in an LRU bounded in tokens (default: the KV that fits in device memory next to the weights). A turn
@@ -23,7 +25,7 @@ prefills only the tokens after the longest common prefix with its trajectory's e
 as a real engine recomputes KV after an update. Memory bounds only the prefix cache: the running batch is
 bounded by `max_batch`, not by KV memory (no preemption is modelled).
 
-`PDBackend` adds PD disaggregation (see its docstring).
+`engine.backends.pd` adds PD disaggregation on top of this engine.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from engine.devices import (
     decode_step_s,
     decode_steps_s,
     kv_capacity_tokens,
-    kv_transfer_s,
     prefill_s,
 )
 from engine.types import GenOutput, GenRequest
@@ -99,7 +100,10 @@ class _PrefixCache:
         if cached is None:
             return 0
         self._entries.move_to_end(trajectory_id)
-        n = min(len(cached), len(prompt))
+        n = len(cached)
+        if n <= len(prompt) and prompt[:n] == cached:  # the usual case, a grown context: one copy, not two
+            return n
+        n = min(n, len(prompt))
         if cached[:n] == prompt[:n]:
             return n
         return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=False)) if a != b)
@@ -121,6 +125,18 @@ class _PrefixCache:
         self._tokens = 0
 
 
+def clock() -> float:
+    """The running event loop's clock, else the monotonic clock it normally reads.
+
+    Every wait and timestamp of the engine goes by the loop's clock, so a loop with a simulated clock
+    (`bench.clock`) runs the same engine in simulated time.
+    """
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 class _Pacer:
     """Turns modelled seconds into wall-clock waiting, one sleep per `min_sleep_s` owed (module doc)."""
 
@@ -134,7 +150,7 @@ class _Pacer:
 
     @property
     def due(self) -> bool:
-        return self.debt >= self.min_sleep_s
+        return self.debt >= self.min_sleep_s and self.debt > 0  # min_sleep_s = 0: sleep after every iteration
 
     def budget_s(self) -> float:
         """Modelled seconds that may still run before a sleep is due."""
@@ -144,9 +160,9 @@ class _Pacer:
         if self.debt <= 0:
             await asyncio.sleep(0)  # let arrivals in even when running on credit
             return
-        t0 = time.perf_counter()
+        t0 = clock()
         await asyncio.sleep(self.debt)
-        self.debt -= time.perf_counter() - t0
+        self.debt -= clock() - t0
 
     def reset(self) -> None:
         self.debt = 0.0
@@ -201,7 +217,7 @@ class ModelledBackend(GenerationBackend):
         self._context = 0  # KV tokens the next decode step reads: the running contexts, summed
         self._stale = False  # new weights: running KV must be recomputed
         self._busy_s = 0.0  # modelled seconds the device worked
-        self._created = time.perf_counter()
+        self._created = clock()
         self._counters = _Counters()
         self._loop_task: asyncio.Task[None] | None = None
 
@@ -216,7 +232,7 @@ class ModelledBackend(GenerationBackend):
         if request.sampling.max_tokens < 1:
             raise ValueError(f"request {rid!r}: max_tokens must be >= 1")
         future: asyncio.Future[GenOutput] = asyncio.get_running_loop().create_future()
-        seq = _Seq(request, future, self._target(request), submitted=time.perf_counter())
+        seq = _Seq(request, future, self._target(request), submitted=clock())
         self._inflight[rid] = seq
         self._counters.requests += 1
         self._submit(seq)
@@ -246,7 +262,7 @@ class ModelledBackend(GenerationBackend):
 
     def stats(self) -> dict[str, float]:
         """Counters, modelled busy and elapsed seconds, and utilisation = busy / elapsed."""
-        elapsed = (time.perf_counter() - self._created) / self.time_scale
+        elapsed = (clock() - self._created) / self.time_scale
         return {
             **asdict(self._counters),
             "running": len(self._running),
@@ -306,7 +322,7 @@ class ModelledBackend(GenerationBackend):
         prefill = self._context if self._stale else 0
         self._counters.recomputed_tokens += prefill
         self._stale = False
-        now = time.perf_counter()
+        now = clock()
         while self._waiting and len(self._running) < self.max_batch:
             seq = self._waiting.popleft()
             if not seq.finish_reason:  # else aborted while waiting
@@ -383,7 +399,7 @@ class ModelledBackend(GenerationBackend):
         self._inflight.pop(seq.request.request_id, None)
         if seq.future.done():  # the caller was cancelled
             return
-        now = time.perf_counter()
+        now = clock()
         admitted = seq.admitted or now
         n = seq.generated
         seq.future.set_result(
@@ -402,82 +418,3 @@ class ModelledBackend(GenerationBackend):
                 },
             )
         )
-
-
-class PDBackend(ModelledBackend):
-    """PD disaggregation: prompts are prefilled on `prefill_device`, decoded on `decode_device`.
-
-    A prefill stage takes every request queued at that moment as one batch, charges
-    `prefill_s` (on `prefill_tp` prefill devices) plus `kv_transfer_s` of the prefilled tokens over
-    `link_bytes_per_s`, one after the other (no overlap of compute and transfer), and hands the batch to
-    the decode engine, which then only decodes. The prefix cache stays per trajectory as in the base class
-    (the decode side keeps the KV of earlier turns, so only uncached tokens are prefilled and shipped).
-    KV recomputed after new weights is prefilled and shipped the same way, and stalls the decode batch.
-    The default link is one 400 Gb/s RDMA NIC (an assumption: prefill and decode pools are different
-    machines, so NVLink does not apply).
-    """
-
-    def __init__(
-        self,
-        model: ModelProfile,
-        prefill_device: DeviceProfile,
-        decode_device: DeviceProfile,
-        *,
-        prefill_tp: int = 1,
-        decode_tp: int = 1,
-        link_bytes_per_s: float = 400e9 / 8,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(model, decode_device, decode_tp, **kwargs)
-        if prefill_tp < 1 or link_bytes_per_s <= 0:
-            raise ValueError(
-                f"need prefill_tp >= 1 and link_bytes_per_s > 0, got {prefill_tp}, {link_bytes_per_s}"
-            )
-        self.prefill_device, self.prefill_tp = prefill_device, prefill_tp
-        self.link_bytes_per_s = link_bytes_per_s
-        self._prefill_queue: deque[_Seq] = deque()
-        self._prefill_pacer = _Pacer(self.time_scale, 0.0)
-        self._prefill_task: asyncio.Task[None] | None = None
-        self._prefill_busy_s = 0.0
-        self._transfer_s = 0.0
-
-    def stats(self) -> dict[str, float]:
-        """The decode engine's stats plus the prefill device's busy seconds, utilisation and transfer time."""
-        out = super().stats()
-        out["prefill_busy_s"] = self._prefill_busy_s
-        out["prefill_utilisation"] = min(1.0, self._prefill_busy_s / out["elapsed_s"])
-        out["kv_transfer_s"] = self._transfer_s
-        return out
-
-    async def close(self) -> None:
-        await super().close()
-        if self._prefill_task is not None:
-            await self._prefill_task
-
-    def _submit(self, seq: _Seq) -> None:
-        self._prefill_queue.append(seq)
-        if self._prefill_task is None:
-            self._prefill_task = asyncio.create_task(self._run_prefill())
-
-    def _prefill_cost(self, tokens: int) -> float:
-        compute = prefill_s(self.model, self.prefill_device, tokens, self.prefill_tp, mfu=self.mfu)
-        transfer = kv_transfer_s(self.model, tokens, self.link_bytes_per_s)
-        self._prefill_busy_s += compute
-        self._transfer_s += transfer
-        return compute + transfer
-
-    async def _run_prefill(self) -> None:
-        try:
-            while self._prefill_queue:
-                batch = [s for s in self._prefill_queue if not s.finish_reason]
-                self._prefill_queue.clear()
-                self._prefill_pacer.owe(self._prefill_cost(sum(self._lookup(s) for s in batch)))
-                await self._prefill_pacer.pay()
-                for seq in batch:
-                    if not seq.finish_reason:
-                        seq.prefilled = True
-                        self._waiting.append(seq)
-                self._ensure_loop()
-        finally:
-            self._prefill_task = None
-            self._prefill_pacer.reset()

@@ -18,6 +18,7 @@ from engine.devices import (
     get_model,
     kv_capacity_tokens,
     kv_transfer_s,
+    prefill_only_s,
     prefill_s,
 )
 
@@ -114,3 +115,34 @@ def test_kv_capacity() -> None:
     with pytest.raises(ValueError, match=r"140.0 GB of weights; 1 x H20 has 96 GB: raise tp"):
         kv_capacity_tokens(big, H20)
     assert kv_capacity_tokens(big, H20, tp=2) == (192e9 - 140e9) // big.kv_bytes_per_token
+
+
+def test_moe_decode_reads_the_experts_its_batch_touches() -> None:
+    moe = get_model("qwen3-30b-a3b")  # 128 experts, top-8: a token touches 1/16 of the expert weights
+    experts = (30.5e9 - 3.3e9) / (1 - 8 / 128)  # 29.01e9 parameters in routed experts
+    assert moe.expert_params == pytest.approx(experts)
+    assert moe.step_weight_bytes(1) == pytest.approx(2 * 3.3e9)  # one sequence: the active params
+    touched_64 = 1 - (15 / 16) ** 64  # 98.4% of the experts
+    assert moe.step_weight_bytes(64) == pytest.approx(2 * (30.5e9 - experts * (1 - touched_64)))  # 60.1 GB
+    assert decode_step_s(moe, H800, 0, seqs=64) == pytest.approx(
+        moe.step_weight_bytes(64) / 3.35e12
+    )  # 17.9 ms
+    dense = get_model("qwen2.5-7b")
+    assert dense.step_weight_bytes(1) == dense.step_weight_bytes(64) == 2 * 7.61e9
+
+
+def test_prefill_on_its_own_device_reads_the_weights_at_least_once() -> None:
+    moe, dense = get_model("qwen3-30b-a3b"), get_model("qwen2.5-7b")
+    # 256 tokens of MoE: compute 2 * 3.3e9 * 256 / 989e12 = 1.71 ms < reading ~61 GB of experts: 18.2 ms
+    assert prefill_only_s(moe, H800, 256) == pytest.approx(moe.step_weight_bytes(256) / 3.35e12)
+    # 4096 tokens of the dense 7B: 63.0 ms of compute > 4.5 ms of weights
+    assert prefill_only_s(dense, H800, 4096) == prefill_s(dense, H800, 4096) == pytest.approx(0.063, rel=0.01)
+
+
+def test_bad_moe_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="must give experts and top-k"):
+        ModelProfile("moe", 10e9, 1e9, layers=2, kv_heads=1, head_dim=64)
+    with pytest.raises(ValueError, match="got top-9 of 8"):
+        ModelProfile("moe", 10e9, 1e9, layers=2, kv_heads=1, head_dim=64, experts=8, experts_per_token=9)
+    with pytest.raises(ValueError, match="active_params <= params"):
+        ModelProfile("odd", 1e9, 2e9, layers=2, kv_heads=1, head_dim=64)

@@ -1,4 +1,4 @@
-"""The modelled backend: scaled real waiting, continuous batching, prefix cache, abort, accounting, PD."""
+"""The modelled backend: scaled real waiting, continuous batching, prefix cache, abort, accounting."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.backends.modelled import LOGPROB, ModelledBackend, PDBackend
-from engine.devices import ModelProfile, decode_step_s, get_device, get_model, kv_transfer_s, prefill_s
+from engine.backends.modelled import LOGPROB, ModelledBackend
+from engine.devices import ModelProfile, decode_step_s, get_device, get_model, prefill_s
 from engine.types import GenRequest, SamplingParams
 
 QWEN7B = get_model("qwen2.5-7b")  # ~4.5 ms per decode step on an H800 (15.2 GB of weights / 3.35 TB/s)
@@ -169,40 +169,19 @@ async def test_new_weights_tag_new_requests_and_recompute_running_kv() -> None:
 
 
 async def test_utilisation_accounting() -> None:
-    backend = ModelledBackend(QWEN7B, H800, time_scale=0.1)
+    # 0.23 modelled s in real time: long enough that a loaded machine's scheduling delays are small
+    backend = ModelledBackend(QWEN7B, H800, time_scale=1.0)
     await backend.generate(request("r", 100, 50))
     busy = backend.stats()
     assert busy["busy_s"] == pytest.approx(modelled_alone(100, 50), rel=1e-9)
     assert 0.5 < busy["utilisation"] <= 1.0  # fresh backend, busy nearly all along
-    other = ModelledBackend(QWEN7B, H800, time_scale=0.1)
+    other = ModelledBackend(QWEN7B, H800, time_scale=1.0)
     await other.generate(request("r", 100, 100))  # `backend` sits idle meanwhile, ~2x as long as it worked
     idle = backend.stats()
     assert idle["busy_s"] == busy["busy_s"]
     assert idle["elapsed_s"] >= busy["elapsed_s"] + other.stats()["busy_s"]
     assert idle["utilisation"] == pytest.approx(idle["busy_s"] / idle["elapsed_s"])
     assert idle["utilisation"] < 0.34  # <= busy / (busy + the other busy) = 0.334
-
-
-async def test_pd_prefills_on_one_device_ships_kv_and_decodes_on_another() -> None:
-    backend = PDBackend(QWEN7B, prefill_device=H800, decode_device=H20, time_scale=0.1)
-    t0 = time.perf_counter()
-    out = await backend.generate(request("r", 2000, 40, trajectory="traj"))
-    wall = time.perf_counter() - t0
-    prefill = prefill_s(QWEN7B, H800, 2000)  # 30.8 ms
-    transfer = kv_transfer_s(QWEN7B, 2000, 50e9)  # 2.29 ms over one 400 Gb/s NIC
-    decode = sum(decode_step_s(QWEN7B, H20, 2000 + i) for i in range(40))  # 40 x 3.83 ms
-    stats = backend.stats()
-    assert stats["prefill_busy_s"] == pytest.approx(prefill, rel=1e-9)
-    assert stats["kv_transfer_s"] == pytest.approx(transfer, rel=1e-9)
-    assert stats["busy_s"] == pytest.approx(decode, rel=1e-9)
-    assert out.timings["modelled_s"] == pytest.approx(decode, rel=1e-9)
-    total = (prefill + transfer + decode) * 0.1
-    assert total * 0.95 <= wall <= total * 1.5 + 0.05
-    turn2 = await backend.generate(
-        request("r2", [*range(1, 2001), *out.token_ids, 5, 6], 4, trajectory="traj")
-    )
-    assert turn2.timings["prefill_tokens"] == 2
-    assert backend.stats()["kv_transfer_s"] == pytest.approx(kv_transfer_s(QWEN7B, 2002, 50e9), rel=1e-9)
 
 
 async def test_user_errors_are_explained() -> None:
@@ -222,3 +201,11 @@ async def test_user_errors_are_explained() -> None:
     with pytest.raises(ValueError, match="'dup' is already in flight"):
         await backend.generate(request("dup", 10, 5))
     assert (await first).finish_reason == "length"
+
+
+async def test_no_minimum_sleep_sleeps_after_every_iteration() -> None:
+    backend = ModelledBackend(QWEN7B, H800, time_scale=0.01, min_sleep_s=0.0)
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(backend.generate(request(f"r{i}", 50, 5 + i)) for i in range(3))), 10
+    )
+    assert [len(o.token_ids) for o in outs] == [5, 6, 7]
