@@ -8,6 +8,10 @@ and, where a picture helps, a PNG next to it.
 BENCHMARKS: dict[str, str] = {
     "rollout-granularity": "bench.rollout_granularity",
     "proxy-overhead": "bench.proxy_overhead",
+    "faults": "bench.faults",
+    "async-modes": "bench.async_modes",
+    "alpha-sweep": "bench.alpha_sweep",
+    "weight-sync": "bench.weight_sync",
     "affinity": "bench.affinity",
     "pd": "bench.pd",
     "serverless": "bench.serverless",

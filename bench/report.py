@@ -40,8 +40,8 @@ def write_json(path: str | None, payload: dict[str, Any]) -> Path | None:
 
 
 def png_path(json_path: str | None, default: str) -> Path:
-    """The plot goes next to the JSON (same stem), or to `default` without --json."""
-    p = Path(json_path).with_suffix(".png") if json_path else Path(default)
+    """The plot goes next to the JSON (same stem), or to runs/bench/`default` without --json."""
+    p = Path(json_path).with_suffix(".png") if json_path else Path("runs") / "bench" / default
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -78,7 +78,9 @@ class RolloutConfig(_Strict):
     temperature: float = Field(
         1.0, gt=0, description="sampling temperature of training rollouts (eval is greedy)"
     )
-    env_timeout_s: float = Field(60.0, gt=0)
+    env_timeout_s: float = Field(60.0, gt=0, description="an env reset/step taking longer fails its member")
+    reward_timeout_s: float = Field(60.0, gt=0, description="one reward call; a timeout counts as an error")
+    reward_retries: int = Field(3, ge=0, description="reward retries (exponential backoff) before a drop")
 
 
 class TrainConfig(_Strict):
@@ -95,6 +97,9 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(10, ge=1)
+    step_retries: int = Field(
+        1, ge=0, description="retries of a failing train step; then the run stops, checkpoint kept"
+    )
     seed: int = 0
 
 
@@ -151,6 +156,37 @@ class BackendsConfig(_Strict):
     serverless: Literal["ray-serve", "lambda"] = "ray-serve"
 
 
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class FaultsConfig(_Strict):
+    """Fault injection for tests and benchmarks (engine/faults.py); everything is off by default."""
+
+    seed: int = Field(0, description="faults are drawn from RNGs seeded by this (env i: seed/i)")
+    env_reset_crash: Probability = 0.0
+    env_step_crash: Probability = 0.0
+    env_hang: Probability = Field(0.0, description="a reset or step never answers (times out)")
+    reward_error: Probability = 0.0
+    reward_hang: Probability = Field(0.0, description="a reward call never answers (times out)")
+    gen_kill_after_requests: int | None = Field(
+        None, ge=1, description="generation worker 0 dies (once) on its N-th request; Ray restarts it"
+    )
+    trainer_error_at_step: int | None = Field(None, ge=1, description="train step k raises")
+    trainer_error_times: int = Field(1, ge=0, description="... this many times in a row")
+
+    @property
+    def env_faults(self) -> bool:
+        return self.env_reset_crash > 0 or self.env_step_crash > 0 or self.env_hang > 0
+
+    @property
+    def reward_faults(self) -> bool:
+        return self.reward_error > 0 or self.reward_hang > 0
+
+    @property
+    def trainer_faults(self) -> bool:
+        return self.trainer_error_at_step is not None and self.trainer_error_times > 0
+
+
 class ExperimentConfig(_Strict):
     name: str = Field("rollart", pattern=r"^[A-Za-z0-9_.-]+$")
     run_root: str = "runs"
@@ -160,6 +196,7 @@ class ExperimentConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     backends: BackendsConfig = Field(default_factory=BackendsConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> ExperimentConfig:

@@ -8,6 +8,7 @@ namespace per run, so a resumed driver finds them again (`get_if_exists`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +17,28 @@ import ray
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
 from engine.core.resources import ResourceManager
+from engine.envs.base import Env
+from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
 from engine.models.tiny import init_model
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.env_manager import TurnLimits
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
+from engine.rollout.reward import RewardScorer, env_return
 from engine.rollout.scheduler import TaskSpec
-from engine.rollout.service import RolloutService
+from engine.rollout.service import RolloutService, default_env_factory
 from engine.train.train_worker import TrainWorker
 from infra.metadata import MetadataStore
 
-# The run's processes: Mooncake binds loopback only, no usage reporting, and Mooncake's glog INFO lines
-# (a dozen per client) stay out of the user's terminal; warnings and errors still show.
-WORKER_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "RAY_USAGE_STATS_ENABLED": "0", "GLOG_minloglevel": "1"}
+GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
+# The run's processes: Mooncake binds loopback only, no usage reporting, and Mooncake's glog and vLLM's
+# INFO lines (dozens per worker) stay out of the user's terminal; warnings and errors still show.
+WORKER_ENV = {
+    "MC_TCP_BIND_ADDRESS": "127.0.0.1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "GLOG_minloglevel": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
 
 
 def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
@@ -85,6 +95,10 @@ class Experiment:
                     _node_ip_address="127.0.0.1",
                     runtime_env={"env_vars": WORKER_ENV},
                 )
+                # A fresh cluster: no worker of this run is alive, so bindings still marked active were
+                # left by a driver killed before its teardown (resume after a crash); free their pools.
+                for stale in self.store.bindings(self.run_id, state="active"):
+                    self.store.set_binding(stale.id, state="dead")
         return {
             "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
             "ray_resources": ray.cluster_resources(),
@@ -125,7 +139,8 @@ class Experiment:
         return dict(self.store_spec)
 
     # -- actors ------------------------------------------------------------------------------------
-    def start_actors(self) -> dict[str, Any]:
+    def start_actors(self, env_factory: Callable[[TaskSpec], Env] = default_env_factory) -> dict[str, Any]:
+        """`env_factory` builds each trajectory's env (picklable: it travels to the rollout actor)."""
         cfg, roles = self.cfg, self.cfg.resources.roles
         common = {"store": self.store_spec, "run_id": self.run_id}
         train_cfg = {
@@ -140,15 +155,17 @@ class Experiment:
             "seed": cfg.train.seed,
             "temperature": cfg.rollout.temperature,
         }
+        faults = cfg.faults
         self.clusters["train"] = Cluster(
             "train",
-            TrainWorker,
+            FaultyTrainWorker if faults.trainer_faults else TrainWorker,
             self.rm,
             roles["actor_train"].model_copy(update={"count": 1}),
             worker_config={
                 "model_dir": self.model_dir,
                 "trainer": train_cfg,
                 "max_len": cfg.model.max_context,
+                "faults": faults.model_dump(),
                 **common,
             },
             namespace=self.namespace,
@@ -163,9 +180,14 @@ class Experiment:
             GenerationWorker,
             self.rm,
             roles["actor_gen"],
-            worker_config={"backend": backend, **common},
+            worker_config={
+                "backend": backend,
+                "kill_after_requests": faults.gen_kill_after_requests,
+                **common,
+            },
             max_concurrency=1024,
             namespace=self.namespace,
+            max_restarts=GEN_MAX_RESTARTS,
         )
         slots = [
             GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency)
@@ -190,6 +212,12 @@ class Experiment:
                 cfg.train.batch_groups,
                 seed=cfg.train.seed,
                 granularity=cfg.rollout.granularity,
+                env_factory=FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
+                reward=RewardScorer(
+                    FaultyScore(faults) if faults.reward_faults else env_return,
+                    retries=cfg.rollout.reward_retries,
+                    timeout_s=cfg.rollout.reward_timeout_s,
+                ),
             )
         )
         return {"train": 1, "gen": len(slots), "namespace": self.namespace}

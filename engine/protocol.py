@@ -11,7 +11,8 @@
 Modes are the same code with different overlap: `sync`/`sync+` keep rollout out of training (one
 gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
 training (one step of overlap), `areal` and `rollart` roll out continuously under their bound.
-Every collaborator is awaited through `acall`, so they may be Ray actors or local objects.
+Every collaborator is awaited through `acall`, so they may be Ray actors or local objects. A generation
+worker that died is being restarted by Ray; weight calls to it wait for the restart (`_on_worker`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ray.exceptions import ActorUnavailableError
 
 from engine.core.handles import acall
 
@@ -67,7 +70,7 @@ class IterationProtocol:
             return {}
         pub = await acall(self.c.trainer, "publish")
         version = await acall(self.c.trainer, "version")
-        await asyncio.gather(*(acall(w, "prefetch", version) for w in self.c.gen_workers))
+        await asyncio.gather(*(_on_worker(w, "prefetch", version) for w in self.c.gen_workers))
         return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
 
     async def _apply(self, version: int) -> dict[str, float]:
@@ -78,10 +81,12 @@ class IterationProtocol:
         suspend_wait = await acall(self.c.proxy, "suspend")
         try:
             if self.c.weights_via_store:
-                res = await asyncio.gather(*(acall(w, "update", version) for w in self.c.gen_workers))
+                res = await asyncio.gather(*(_on_worker(w, "update", version) for w in self.c.gen_workers))
             else:
                 state = await acall(self.c.trainer, "state_dict")
-                await asyncio.gather(*(acall(w, "load_weights", state, version) for w in self.c.gen_workers))
+                await asyncio.gather(
+                    *(_on_worker(w, "load_weights", state, version) for w in self.c.gen_workers)
+                )
                 res = []
         finally:
             await acall(self.c.proxy, "resume")
@@ -143,3 +148,15 @@ class IterationProtocol:
 
 async def _direct(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
     return await fn()
+
+
+async def _on_worker(w: Any, method: str, *args: Any, wait_s: float = 120.0) -> Any:
+    """`acall` a generation worker's weight method (idempotent); while Ray restarts the worker, wait."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await acall(w, method, *args)
+        except ActorUnavailableError:  # restarting; a worker dead for good raises ActorDiedError
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)

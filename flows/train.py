@@ -7,6 +7,11 @@
 Each iteration flow runs the six-step protocol (engine.protocol) with every step as a Prefect task, records
 the step in the metadata store, writes metrics (jsonl, TensorBoard, a table artifact) and checkpoints every
 k steps. The flow machinery's share of each step's time is measured and reported.
+
+Faults: a failing `train_step` task is retried `train.step_retries` times, only while the failed attempt
+applied nothing (the trainer's version did not move); past that the run stops with `TrainingStopped`, its
+last checkpoint kept, and `--resume` continues from that checkpoint. Retry and drop counters (env, reward,
+generation, train step) go into each step's metrics and its metadata-store row.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -38,11 +44,15 @@ console = Console(soft_wrap=True)  # one line per step, whatever the terminal wi
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
 
 
-async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+class TrainingStopped(RuntimeError):
+    """A step failed after its retries; the run stopped, its last checkpoint kept for `--resume`."""
+
+
+async def _as_task(name: str, fn: Callable[[], Awaitable[Any]], retries: int = 0) -> Any:
     async def body() -> Any:
         return await fn()
 
-    return await task(body, name=name, cache_policy=NO_CACHE, retries=0)()
+    return await task(body, name=name, cache_policy=NO_CACHE, retries=retries)()
 
 
 @flow(name="rollart-iteration", log_prints=False, validate_parameters=False)
@@ -59,8 +69,28 @@ async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
         finally:
             inside += time.perf_counter() - t
 
-    metrics = await proto.step(phase=lambda name, fn: _as_task(name, lambda: timed(name, fn)))
+    attempts: Counter[str] = Counter()
+    before: dict[str, int] = {}
+
+    async def counted(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        attempts[name] += 1
+        if name == "train_step":  # a retry is safe only if the failed attempt applied nothing
+            version = await exp.trainer.version.remote()
+            if before.setdefault(name, version) != version:
+                raise RuntimeError(f"train step failed after its optimiser step (v{version}): not retried")
+        return await timed(name, fn)
+
+    retries = {"train_step": exp.cfg.train.step_retries}  # a failed step is retried, then the run stops
+    metrics = await proto.step(
+        phase=lambda name, fn: _as_task(name, lambda: counted(name, fn), retries.get(name, 0))
+    )
+    metrics["count/train_step_retries"] = attempts["train_step"] - 1
     rollout = await exp.rollout.stats.remote()
+    proxy = await exp.proxy.summary.remote()
+    metrics["count/gen_requests_retried"] = proxy["retried"]
+    metrics["count/gen_requests_failed"] = sum(proxy["worker_failures"].values())  # worker died holding them
+    metrics.update({f"count/reward_{k}": v for k, v in rollout["reward"].items()})
+    metrics.update({f"count/{k}": v for k, v in rollout["buffer"].items()})  # buffer_evicted_<reason> ...
     metrics["tokens_per_s_rollout"] = rollout["tokens"] / max(metrics["step_s"], 1e-9)
     for name, t in rollout["tasks"].items():
         if t["reward_mean"] is not None:
@@ -123,7 +153,14 @@ async def train(
             console.print(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
         console.print(f"model: {prepare_model(exp)}")
         start_actors(exp)
-        first = restore_checkpoint(exp, resume)
+        restored = restore_checkpoint(exp, resume)
+        first = restored["step"]
+        if first:
+            console.print(
+                f"resumed from step {first}: weights {restored['weights_sha256'][:12]}, optimiser "
+                f"{restored['optimizer_sha256'][:12]} as saved; {restored['steps_discarded']} later step "
+                "row(s) discarded (redone)"
+            )
         last = first + more_steps if more_steps else cfg.train.steps
         proto = exp.protocol()
         await proto.start()
@@ -131,14 +168,22 @@ async def train(
         sink = MetricsSink(exp.run_dir)
         _RUNS[exp.run_id] = (exp, proto, sink)
         for step in range(first, last):
-            m = await iteration(exp.run_id, step, last)
+            try:
+                m = await iteration(exp.run_id, step, last)
+            except Exception as e:
+                ck = exp.store.latest_checkpoint(exp.run_id)
+                raise TrainingStopped(
+                    f"step {step + 1} failed after {cfg.train.step_retries} retries: {type(e).__name__}: "
+                    f"{str(e)[:300]}\nthe last checkpoint (step {ck['step'] if ck else 'none'}) is kept; "
+                    f"continue with: rollart train CONFIG --resume"
+                ) from e
             console.print(
                 f"step {step + 1:>4}/{last}  reward {m['reward_mean']:+.3f}  "
                 f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
                 f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
             )
         after = await _eval(exp)
-        summary = _summary(exp, first, last, before, after, time.perf_counter() - t_start)
+        summary = _summary(exp, first, last, before, after, time.perf_counter() - t_start, restored)
         sink.close()
         plot(exp.run_dir)
         console.print(f"run directory: {exp.run_dir}")
@@ -151,7 +196,7 @@ async def train(
 
 
 def _summary(
-    exp: Experiment, first: int, last: int, before: dict, after: dict, wall_s: float
+    exp: Experiment, first: int, last: int, before: dict, after: dict, wall_s: float, restored: dict
 ) -> dict[str, Any]:
     rows = exp.store.steps(exp.run_id)
     overhead = [r["metrics"]["flow_overhead_frac"] for r in rows if "flow_overhead_frac" in r["metrics"]]
@@ -169,6 +214,7 @@ def _summary(
             for name, res in after.items()
         },
         "flow_overhead_frac_mean": sum(overhead) / len(overhead) if overhead else None,
+        "resumed": restored,  # step 0, or the checkpoint and the state hashes the run restarted from
     }
     Path(exp.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

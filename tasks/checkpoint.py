@@ -2,7 +2,8 @@
 
 A checkpoint is the trainer's HF-format weights + optimiser + RNG + step (engine.train.checkpoint),
 written atomically; on S3 a `_COMPLETE` marker is uploaded last. The metadata store records each one
-with a weights hash, and restore checks the hash it reloads against the record.
+with a weights hash; restore checks the weights it reloads against that record and the optimiser state
+against the saved file, and discards step rows recorded after the checkpoint (they are redone).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from engine.experiment import Experiment
+from engine.train.fingerprint import saved_optimizer_sha256, trainer_fingerprint
 from infra.objectstore import S3Dirs, is_s3
 
 
@@ -38,11 +40,17 @@ def save_checkpoint(exp: Experiment, step: int, extra: dict[str, Any] | None = N
 
 
 @task(name="restore_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
-def restore_checkpoint(exp: Experiment, resume: bool) -> int:
-    """Load the latest recorded checkpoint of this experiment; returns the step to continue from."""
+def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
+    """Load the latest recorded checkpoint of this experiment and prove the trainer holds exactly it.
+
+    Returns {"step": 0} for a fresh start, else the step to continue from, the checkpoint's uri, the
+    restored trainer's weights and optimiser hashes (checked against the hash recorded at save time and
+    the saved optimiser file) and how many step rows past the checkpoint were discarded: a driver killed
+    between checkpoints had recorded steps that the resumed run redoes, so none is repeated or skipped.
+    """
     rec = exp.store.latest_checkpoint(exp.run_id) if resume else None
     if rec is None:
-        return 0
+        return {"step": 0}
     uri = rec["uri"]
     if is_s3(uri):
         local = exp.run_dir / "restore" / Path(uri).name
@@ -50,9 +58,17 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> int:
         S3Dirs(exp.cfg.backends.s3_endpoint_url).download_dir(uri, local)
         uri = str(local)
     extra = ray.get(exp.trainer.load.remote(uri))
-    sha = ray.get(exp.trainer.weights_sha256.remote())
-    if rec["weights_sha256"] and sha != rec["weights_sha256"]:
+    got = ray.get(exp.trainer.__ray_call__.remote(trainer_fingerprint))
+    if rec["weights_sha256"] and got["weights_sha256"] != rec["weights_sha256"]:
         raise RuntimeError(
-            f"checkpoint {rec['uri']}: weights hash {sha[:12]} != recorded {rec['weights_sha256'][:12]}"
+            f"checkpoint {rec['uri']}: weights hash {got['weights_sha256'][:12]} "
+            f"!= recorded {rec['weights_sha256'][:12]}"
         )
-    return int(extra["step"])
+    saved = saved_optimizer_sha256(uri)
+    if got["optimizer_sha256"] != saved:
+        raise RuntimeError(
+            f"checkpoint {rec['uri']}: optimiser hash {got['optimizer_sha256'][:12]} != saved {saved[:12]}"
+        )
+    step = int(extra["step"])
+    discarded = exp.store.discard_steps_after(exp.run_id, step)
+    return {"step": step, "uri": rec["uri"], **got, "steps_discarded": discarded}

@@ -3,7 +3,8 @@ each decorated Worker method onto itself so `cluster.method(...)` dispatches as 
 
 `cluster.m(...)` blocks and returns the result(s); `await cluster.m.aio(...)` is the async form.
 A worker found dead (by `check()` or by a failed call) is rebound and respawned; the failed call is
-retried once on the replacement.
+retried once on the replacement. With `max_restarts`, Ray itself restarts a worker whose process died
+(same handle, same placement); calls in flight then fail and the caller retries them (the LLMProxy does).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Cluster:
         serverless_token: str | None = None,
         max_concurrency: int = 1,
         namespace: str | None = None,
+        max_restarts: int = 0,
     ):
         if not ray.is_initialized():
             raise RuntimeError("Cluster needs Ray: call ray.init(resources=rm.ray_resources) first")
@@ -58,6 +60,7 @@ class Cluster:
         self.worker_config = worker_config or {}
         self.max_concurrency = max_concurrency
         self.namespace = namespace
+        self.max_restarts = max_restarts
         self.serverless = {
             k: ServerlessClient(u, token=serverless_token) for k, u in (serverless_urls or {}).items()
         }
@@ -96,6 +99,7 @@ class Cluster:
                 num_cpus=0,
                 max_concurrency=self.max_concurrency,
                 namespace=self.namespace,
+                max_restarts=self.max_restarts,
             )
             .remote(
                 self._wname(rank), rank, self.role.count, b.pool, self.rm.kind(b.pool), self.worker_config

@@ -2,9 +2,10 @@
 
 Nothing here waits for other environments. Every turn keeps the exact token delta, the behaviour
 log-probs, the policy version and timings. Max turns and max context end a trajectory as TRUNCATED
-(flagged, not an error); env errors and timeouts end it as FAILED with the reason; `should_abort`
-is consulted after every generation (the per-step staleness bound), and the task can be cancelled at
-any await point (redundant members) — the caller then marks it ABORTED.
+(flagged, not an error); a first observation too long for even one turn, env errors and timeouts end
+it as FAILED with the reason; `should_abort` is consulted after every generation (the per-step
+staleness bound), and the task can be cancelled at any await point (redundant members) — the caller
+then marks it ABORTED.
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ class EnvManager:
         obs, env_s = await _timed(self.env.reset(traj.seed), lim.env_timeout_s)
         traj.timings["env_s"] = env_s
         obs_ids = self.chat.first(self.env.instructions, str(obs))
+        if len(obs_ids) + lim.max_tokens > lim.max_context:  # not one turn fits: nothing to learn from
+            return self._end(
+                traj,
+                TrajStatus.FAILED,
+                f"observation_too_long: {len(obs_ids)} prompt tokens + {lim.max_tokens} to generate "
+                f"> max_context {lim.max_context}",
+            )
         context = list(obs_ids)
         for turn_no in range(lim.max_turns):
             if len(context) + lim.max_tokens > lim.max_context:

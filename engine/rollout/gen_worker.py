@@ -4,13 +4,22 @@
 version v's buckets from the weight store in the background while serving goes on; `update(v)` — run
 while the LLMProxy holds new requests — waits for whatever of the pull is left (the *exposed* part)
 and loads the weights in place; outputs then carry version v.
+
+Fault injection (`faults.gen_kill_after_requests`, config key `kill_after_requests`): worker 0's process
+exits on its N-th request, in-flight requests and all. Ray restarts the actor (the Cluster gives it
+`max_restarts`); the restarted incarnation does not die again, serves the initial weights until the next
+`update`, and the LLMProxy retries the lost requests on another worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+import warnings
 from typing import Any
+
+import ray
 
 from engine.backends import make_backend
 from engine.backends.base import GenerationBackend
@@ -31,8 +40,14 @@ class GenerationWorker(Worker):
         self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
         store = self.config.get("store")
         self.prefetcher = WeightPrefetcher(open_store(store), self.config["run_id"]) if store else None
+        kill = self.config.get("kill_after_requests")
+        self.requests = 0
+        self.kill_after: int | None = kill if kill and self.rank == 0 and not _restarted() else None
 
     async def generate(self, request: GenRequest) -> GenOutput:
+        self.requests += 1
+        if self.kill_after is not None and self.requests >= self.kill_after:
+            os._exit(1)  # injected fault: the process dies with every request it holds
         return await self.backend.generate(request)
 
     async def abort(self, request_id: str) -> None:
@@ -58,3 +73,10 @@ class GenerationWorker(Worker):
     def load_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         """Direct path (no store): weights passed through Ray's object store."""
         self.backend.load_weights(named_tensors.items(), version)
+
+
+def _restarted() -> bool:
+    """True in an actor incarnation that Ray restarted after the process died."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray's own implementation warns about a deprecated call
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -6,6 +6,9 @@
 - `suspend()` stops admitting new requests and waits until in-flight ones are done; `resume()` lets the
   waiting ones through. The weight update happens in between.
 - Each request's timings (time held by a suspend, time in the worker, proxy overhead) are recorded.
+- A worker whose process died (`RayActorError`) fails the requests it held; each is retried (up to
+  `max_retries` times) on another worker, and the dead one is routed around until the next weight update
+  has reached every worker (`resume()`), so a worker Ray restarted rejoins serving the current version.
 
 Plain async class; run it as a Ray async actor (`ray.remote(LLMProxy)`) to share it between env loops.
 Workers are local objects with `async generate(req)` or Ray actor handles with the same method.
@@ -14,10 +17,13 @@ Workers are local objects with `async generate(req)` or Ray actor handles with t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from ray.exceptions import RayActorError
 
 from engine.core.handles import acall
 from engine.core.routing import pick
@@ -32,6 +38,7 @@ class GenSlot:
     capacity: int = 64  # requests it batches at once before it counts as busy
     outstanding: int = 0
     calls: int = 0
+    down: bool = False  # died; routed around until the next weight update reached it
 
     async def generate(self, req: GenRequest) -> GenOutput:
         return await acall(self.target, "generate", req)
@@ -46,18 +53,21 @@ class ProxyStats:
     requests: int = 0
     sticky_hits: int = 0
     fallbacks: int = 0
+    retried: int = 0  # requests sent again because their worker died
+    worker_failures: Counter[str] = field(default_factory=Counter)
     per_worker: Counter[str] = field(default_factory=Counter)
     timings: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=20000))
 
 
 class LLMProxy:
-    def __init__(self, workers: list[GenSlot], max_sticky: int = 100_000):
+    def __init__(self, workers: list[GenSlot], max_sticky: int = 100_000, max_retries: int = 3):
         if not workers:
             raise ValueError("LLMProxy needs at least one generation worker")
         self.workers = {w.name: w for w in workers}
         self.stats = ProxyStats()
         self._sticky: OrderedDict[str, str] = OrderedDict()  # trajectory -> worker, LRU-bounded
         self._max_sticky = max_sticky
+        self.max_retries = max_retries
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight = 0
@@ -69,11 +79,12 @@ class LLMProxy:
         name = self._sticky.get(req.trajectory_id) if req.trajectory_id else None
         if name is not None:
             w = self.workers.get(name)
-            if w is not None and w.outstanding < w.capacity:
+            if w is not None and not w.down and w.outstanding < w.capacity:
                 self.stats.sticky_hits += 1
                 self._sticky.move_to_end(req.trajectory_id)
                 return w
-        w, fallback = pick(list(self.workers.values()), req.profile)
+        live = [w for w in self.workers.values() if not w.down]
+        w, fallback = pick(live or list(self.workers.values()), req.profile)  # all down: Ray restarts them
         self.stats.fallbacks += fallback
         if req.trajectory_id:
             self._sticky[req.trajectory_id] = w.name
@@ -89,24 +100,21 @@ class LLMProxy:
     # -- serving -----------------------------------------------------------------------------------
     async def generate(self, req: GenRequest) -> GenOutput:
         t0 = time.perf_counter()
-        await self._open.wait()
-        t_admit = time.perf_counter()
-        w = self._route(req)
-        w.outstanding += 1
-        w.calls += 1
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            t_send = time.perf_counter()
-            out = await w.generate(req)
-        except asyncio.CancelledError:
-            await asyncio.shield(w.abort(req.request_id))  # don't leave the engine decoding for nobody
-            raise
-        finally:
-            w.outstanding -= 1
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+        for attempt in range(self.max_retries + 1):
+            await self._open.wait()  # a retry, too, waits out a suspend
+            t_admit = time.perf_counter()
+            w = self._route(req)
+            try:
+                t_send = time.perf_counter()
+                out = await self._send(w, req)
+                break
+            except RayActorError:
+                w.down = True
+                self.stats.worker_failures[w.name] += 1
+                self._sticky.pop(req.trajectory_id, None)
+                if attempt == self.max_retries:
+                    raise
+                self.stats.retried += 1
         t_end = time.perf_counter()
         self.stats.requests += 1
         self.stats.per_worker[w.name] += 1
@@ -114,6 +122,23 @@ class LLMProxy:
         out.timings.update(suspended_s=t_admit - t0, worker_s=t_end - t_send, proxy_s=(t_send - t_admit))
         self.stats.timings.append(out.timings)
         return out
+
+    async def _send(self, w: GenSlot, req: GenRequest) -> GenOutput:
+        w.outstanding += 1
+        w.calls += 1
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await w.generate(req)
+        except asyncio.CancelledError:
+            with contextlib.suppress(RayActorError):  # don't leave the engine decoding for nobody
+                await asyncio.shield(w.abort(req.request_id))
+            raise
+        finally:
+            w.outstanding -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
     async def suspend(self) -> float:
         """Stop admitting requests; return once in-flight ones finished (seconds waited)."""
@@ -123,6 +148,9 @@ class LLMProxy:
         return time.perf_counter() - t0
 
     def resume(self) -> None:
+        """Admit requests again. The weight update just reached every worker: dead ones are back."""
+        for w in self.workers.values():
+            w.down = False
         self._open.set()
 
     @property
@@ -136,6 +164,8 @@ class LLMProxy:
             "requests": self.stats.requests,
             "sticky_hits": self.stats.sticky_hits,
             "fallbacks": self.stats.fallbacks,
+            "retried": self.stats.retried,
+            "worker_failures": dict(self.stats.worker_failures),
             "per_worker": dict(self.stats.per_worker),
             "mean_worker_s": mean("worker_s"),
             "mean_proxy_s": mean("proxy_s"),

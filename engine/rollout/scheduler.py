@@ -4,7 +4,9 @@ Groups: a GRPO group of size G starts G + r members on the same task and seed (r
 first G members whose episode ends well are kept and the rest are cancelled; a member that fails is
 replaced while the group can still be completed, else the whole group is dropped — a partial group is
 never trained. Each finished trajectory is scored at once (async reward) and put into the buffer;
-nothing waits for a batch. Tasks are sampled by weight from a seeded RNG.
+nothing waits for a batch. Tasks are sampled by weight from a seeded RNG. Every member started is counted
+once when it ends (`trajectories_<status>`, failures also as `member_failed_<reason>`), one cancelled
+before it ran or while being scored included, so after `run()` returns started == ended: nothing is lost.
 
 The staleness policy is applied at every version bump (`advance`): in-flight trajectories that
 started too long ago are aborted, and the buffer evicts old groups; in `areal` mode new groups are
@@ -31,6 +33,12 @@ from engine.types import Trajectory, TrajStatus
 
 RewardFn = Callable[[Trajectory], Awaitable[Trajectory]]  # scores in place, or marks FAILED
 EnvFactory = Callable[["TaskSpec"], Env]
+
+
+def unended(counts: dict[str, int]) -> int:
+    """Members started but not (yet) ended, from the scheduler's counts; 0 once `run()` returned."""
+    ended = sum(v for k, v in counts.items() if k.startswith("trajectories_") and k != "trajectories_started")
+    return counts.get("trajectories_started", 0) - ended
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class RolloutScheduler:
         self._slots = asyncio.Semaphore(concurrency)
         self._groups: dict[str, _GroupRun] = {}
         self._live: dict[str, Trajectory] = {}  # running trajectories by id
+        self._members: set[asyncio.Task[None]] = set()  # every member task not yet ended
         self._next_group = 0
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -121,8 +130,8 @@ class RolloutScheduler:
                     self._slots.release()
                     break
                 self._launch(group)
-        finally:
-            tasks = [t for g in self._groups.values() for t in g.running.values()]
+        finally:  # every member still going, in an env or being scored or filed, ends and is counted
+            tasks = list(self._members)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -222,7 +231,9 @@ class RolloutScheduler:
         g.to_launch -= 1
         g.launched += 1
         self._live[traj.traj_id] = traj
-        g.running[traj.traj_id] = asyncio.create_task(self._member(g, traj))
+        member = g.running[traj.traj_id] = asyncio.create_task(self._member(g, traj))
+        self._members.add(member)
+        member.add_done_callback(lambda t: self._ended(g, traj, t))
         self.counts["trajectories_started"] += 1
 
     # -- one member --------------------------------------------------------------------------------
@@ -242,10 +253,22 @@ class RolloutScheduler:
                     if traj.status == TrajStatus.FAILED:
                         g.ok -= 1
             await self._settle(g, traj)
-        finally:
-            self.finished.append(traj)
-            self.counts[f"trajectories_{traj.status.value}"] += 1
-            self._watch_failures(traj)
+        except asyncio.CancelledError:  # stopped while being scored or filed: never reaches a batch
+            if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
+                traj.status, traj.failure = TrajStatus.ABORTED, "shutdown"
+            raise
+
+    def _ended(self, g: _GroupRun, traj: Trajectory, task: asyncio.Task[None]) -> None:
+        """Every member task ends here and is counted once, even one cancelled before it ran."""
+        self._members.discard(task)
+        if traj.traj_id in self._live:  # cancelled before `_play` began: free what it would have
+            self._live.pop(traj.traj_id)
+            g.running.pop(traj.traj_id, None)
+            self._slots.release()
+            traj.status, traj.failure = TrajStatus.ABORTED, traj.failure or "cancelled_before_start"
+        self.finished.append(traj)
+        self.counts[f"trajectories_{traj.status.value}"] += 1
+        self._watch_failures(traj)
 
     def _watch_failures(self, traj: Trajectory) -> None:
         """Give up, loudly, when nothing but failures come back (a broken env or engine), not hang."""

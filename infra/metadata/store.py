@@ -167,6 +167,11 @@ class MetadataStore:
                 steps.insert().values(run=run, step=step, version=version, metrics=metrics, wall_s=wall_s)
             )
 
+    def discard_steps_after(self, run: str, step: int) -> int:
+        """Delete the step rows past `step`: a run resumed from step `step`'s checkpoint redoes them."""
+        with self._tx() as c:
+            return c.execute(steps.delete().where(steps.c.run == run, steps.c.step > step)).rowcount
+
     def steps(self, run: str) -> list[dict[str, Any]]:
         with self._tx() as c:
             q = select(steps.c.step, steps.c.version, steps.c.metrics, steps.c.wall_s).where(

@@ -15,6 +15,7 @@ def test_five_async_iterations_advance_versions_within_the_bound(tmp_path):
         [
             f"run_root={tmp_path}",
             "train.steps=5",
+            "model.pretrain_steps=0",
             "train.alpha=1",
             "train.mode=rollart",
             "train.batch_groups=2",

@@ -57,6 +57,7 @@ def s3_endpoint():
 def config(tmp_path, s3: str, steps: int) -> dict:
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     cfg.update(name="flowtest", run_root=str(tmp_path / "runs"))
+    cfg["model"]["pretrain_steps"] = 0  # a random tiny model: the flow machinery is under test, not learning
     cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_seeds=[])]
     cfg["rollout"].update(concurrency=8, redundancy=0)
     cfg["train"].update(steps=steps, batch_groups=2, checkpoint_every=1, micro_batch=8)

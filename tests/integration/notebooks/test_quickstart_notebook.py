@@ -19,6 +19,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
         "ROLLART_ROOT": ROOT,
         "ROLLART_RUN_ROOT": tmp_path / "runs",
         "ROLLART_NOTEBOOK_STEPS": "2",
+        "ROLLART_NOTEBOOK_PRETRAIN_STEPS": "2",  # the path, not the 1.5 minutes
     }.items():
         monkeypatch.setenv(k, str(v))
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)

@@ -87,3 +87,15 @@ def test_concurrent_processes_never_overcommit_a_pool(store):
     granted = [int(p.communicate(timeout=120)[0]) for p in procs]
     assert sum(granted) == 3  # capacity: compute 2 + bandwidth 1, out of 12 requests
     assert store.pool_usage() == {"compute": (2, 2), "bandwidth": (1, 1)}
+
+
+def test_discard_steps_after_a_checkpoint_keeps_earlier_rows(tmp_path):
+    store = MetadataStore(f"sqlite:///{tmp_path}/m.db")
+    for step in range(1, 6):
+        store.record_step("r", step, step, {"loss": 0.0}, 1.0)
+    store.record_step("other", 4, 4, {}, 1.0)
+    assert store.discard_steps_after("r", 3) == 2
+    assert [s["step"] for s in store.steps("r")] == [1, 2, 3]
+    assert [s["step"] for s in store.steps("other")] == [4]
+    store.record_step("r", 4, 4, {"loss": 1.0}, 1.0)  # the resumed run records step 4 again, once
+    assert [s["step"] for s in store.steps("r")] == [1, 2, 3, 4]

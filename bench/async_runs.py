@@ -1,0 +1,246 @@
+"""The shared driver of `async-modes` and `alpha-sweep`: one training run per (mode, α) on local Ray.
+
+Each run is the real system built by `Experiment` — a torch `TrainWorker` actor, an HF-backend
+`GenerationWorker` actor, the LLMProxy and RolloutService actors, weights through the configured store
+(Mooncake by default) — driven by `IterationProtocol` exactly as the training flow drives it. Only the
+env is a benchmark one: a fixed-length `SyntheticEnv` (T turns, whatever the model answers) wrapped in
+`LatencyEnv`, so every mode plays the same amount of work and the env latency is what overlap can hide.
+Env k (in creation order) sleeps the seeded draws of seed `seed + k` in every run.
+
+Every run starts from the same model directory (built once), and the wave size, the number of
+environments and the batch are the same in every mode (`concurrency` defaults to one batch, B·G envs):
+the modes differ only in what they overlap and what they abort.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.envs.base import Env
+from engine.rollout.scheduler import TaskSpec
+
+MODE_ORDER = ("sync", "sync+", "one-off", "areal", "rollart")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run of one benchmark shares. Env latency is in wall milliseconds per reset/step.
+
+    The defaults (`async-modes`' full run): one batch's rollout is mostly env time (5 × 150 ms per
+    trajectory, 16 cheap decode steps) and of the order of one training step of the tiny model.
+    """
+
+    size: str = "tiny"
+    group_size: int = 4
+    batch_groups: int = 4
+    concurrency: int | None = None  # None: one batch worth of envs (batch_groups · group_size)
+    turns: int = 4
+    max_tokens: int = 4
+    env_ms: float = 150.0
+    env_sigma_ms: float = 50.0
+    warmup: int = 1
+    steps: int = 5
+    store: str = "mooncake"
+    seed: int = 0
+    rounds: int = 2  # every run repeated this often, interleaved with the others
+
+    @property
+    def envs(self) -> int:
+        return self.concurrency or self.batch_groups * self.group_size
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+def at_least(kind: type, low: float) -> Any:
+    """An argparse type: `kind(text)`, which must be >= low."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+
+    return parse
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, full: RunSettings, quick: RunSettings) -> None:
+    """The options every async benchmark shares; each overrides its `--quick` or full default."""
+
+    def both(name: str) -> str:
+        a, b = getattr(full, name), getattr(quick, name)
+        return f"default {a}" if a == b else f"default {a}; quick {b}"
+
+    add = parser.add_argument
+    add("--size", choices=["tiny", "small"], help=f"model built locally ({both('size')})")
+    add("--group-size", type=at_least(int, 2), help=f"GRPO group size G ({both('group_size')})")
+    add("--batch-groups", type=at_least(int, 1), help=f"groups per step B ({both('batch_groups')})")
+    add("--concurrency", type=at_least(int, 1), help=f"envs at once ({both('concurrency')}; None: B*G)")
+    add("--turns", type=at_least(int, 1), help=f"turns per trajectory ({both('turns')})")
+    add("--max-tokens", type=at_least(int, 1), help=f"tokens per action ({both('max_tokens')})")
+    add("--env-ms", type=at_least(float, 0), help=f"mean env latency per reset/step ({both('env_ms')})")
+    add("--env-sigma-ms", type=at_least(float, 0), help=f"its std dev ({both('env_sigma_ms')})")
+    add("--warmup", type=at_least(int, 0), help=f"unmeasured steps per run ({both('warmup')})")
+    add("--steps", type=at_least(int, 1), help=f"measured steps per run ({both('steps')})")
+    add("--rounds", type=at_least(int, 1), help=f"interleaved repeats of every run ({both('rounds')})")
+    add("--store", choices=["mooncake", "ray"], help=f"weight store ({both('store')})")
+    add("--seed", type=at_least(int, 0), help=f"env k sleeps seed+k's draws ({both('seed')})")
+
+
+class LatencyEnvs:
+    """Env factory for the rollout actor: env k is `SyntheticEnv(turns)` sleeping seed `seed + k`'s draws.
+
+    Picklable (it travels to the RolloutService actor); the counter lives in the actor's copy.
+    """
+
+    def __init__(self, mu_ms: float, sigma_ms: float, seed: int) -> None:
+        self.mu_ms, self.sigma_ms, self.seed = mu_ms, sigma_ms, seed
+        self.built = 0
+
+    def __call__(self, spec: TaskSpec) -> Env:
+        from engine.envs.latency import LatencyEnv
+        from engine.envs.registry import make_env
+
+        latency = (self.mu_ms, self.sigma_ms)
+        env = LatencyEnv(
+            make_env(spec.env, **spec.env_args),
+            latency,
+            latency,
+            seed=self.seed + self.built,
+            time_scale=1e-3,
+        )
+        self.built += 1
+        return env
+
+
+def experiment_data(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str) -> dict[str, Any]:
+    """The experiment config (as `load_config(data=...)` takes it) of one run."""
+    return {
+        "name": f"bench-{mode.replace('+', 'plus')}-a{alpha}",
+        "run_root": run_root,
+        "model": {"path": model_dir, "max_context": 1024},
+        "tasks": [
+            {
+                "env": "synthetic",
+                "env_args": {"turns": s.turns},
+                "group_size": s.group_size,
+                "max_turns": s.turns,
+                "max_tokens": s.max_tokens,
+                "profile": "prefill-heavy",
+            }
+        ],
+        "rollout": {"concurrency": s.envs, "redundancy": 0, "granularity": "trajectory"},
+        "train": {
+            "steps": s.warmup + s.steps,
+            "batch_groups": s.batch_groups,
+            "micro_batch": s.batch_groups * s.group_size,
+            "alpha": alpha,
+            "mode": mode,
+            "seed": s.seed,
+        },
+        "backends": {"generation": "hf", "weight_store": s.store},
+    }
+
+
+def _counts(stats: dict[str, Any]) -> dict[str, int]:
+    """Trajectories started, and aborted for staleness (in flight, or evicted from the buffer), so far."""
+    counts, buffer = stats["counts"], stats["buffer"]
+    return {
+        "trajectories_started": int(counts.get("trajectories_started", 0)),
+        "aborted": int(counts.get("aborted_stale_in_flight", 0)) + int(buffer.get("buffer_evicted_stale", 0)),
+    }
+
+
+def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """One run's measured steps as means; tokens/s is total trained tokens over total step time.
+
+    `sync_s` is the step time that is neither waiting for the batch nor training: suspend → update →
+    resume, the staleness advance, the trainer's publish (push) and, in the sync modes, the next wave's
+    weight update — the weight sync a step is exposed to.
+    """
+    step_s = sum(m["step_s"] for m in steps)
+
+    def mean(key: str) -> float:
+        values = [float(m[key]) for m in steps if key in m]
+        return statistics.fmean(values) if values else 0.0
+
+    return {
+        "step_s": step_s / len(steps),
+        "tokens_per_s": sum(m["tokens"] for m in steps) / step_s,
+        "wait_batch_s": mean("wait_batch_s"),
+        "train_s": mean("train_s"),
+        "sync_s": statistics.fmean(m["step_s"] - m["wait_batch_s"] - m["train_s"] for m in steps),
+        "push_s": mean("push_s"),
+        "pull_s": mean("pull_s"),
+        "exposed_pull_s": mean("exposed_pull_s"),
+        "staleness_max": max(int(m["staleness_max"]) for m in steps),
+    }
+
+
+def _run_one(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str) -> dict[str, Any]:
+    from engine.config import load_config
+    from engine.experiment import Experiment
+
+    exp = Experiment(load_config(data=experiment_data(s, mode, alpha, model_dir, run_root)))
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        exp.start_actors(env_factory=LatencyEnvs(s.env_ms, s.env_sigma_ms, s.seed))
+        proto = exp.protocol()
+
+        async def drive() -> tuple[list[dict[str, Any]], dict[str, int], float]:
+            await proto.start()
+            for _ in range(s.warmup):
+                await proto.step()
+            before = _counts(await exp.rollout.stats.remote())
+            t0 = time.perf_counter()
+            steps = [await proto.step() for _ in range(s.steps)]
+            wall = time.perf_counter() - t0
+            after = _counts(await exp.rollout.stats.remote())
+            return steps, {k: after[k] - before[k] for k in after}, wall
+
+        steps, counts, wall = asyncio.run(drive())
+    finally:
+        exp.teardown()
+    return {"mode": mode, "alpha": alpha, **summarize_steps(steps), **counts, "wall_s": wall, "steps": steps}
+
+
+def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[str, Any]]]:
+    """Run every (mode, α) of `plan` `s.rounds` times, interleaved (round-robin), in one Ray session.
+
+    Interleaving spreads load from elsewhere on the machine over all modes alike. Returns, per plan
+    entry, its runs in round order.
+    """
+    import ray
+
+    from engine.models.tiny import init_model
+
+    out: list[list[dict[str, Any]]] = [[] for _ in plan]
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-") as tmp:
+        root = Path(tmp)
+        model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
+        try:
+            for k in range(s.rounds):
+                for i, (mode, alpha) in enumerate(plan):
+                    r = _run_one(s, mode, alpha, model_dir, str(root / "runs"))
+                    out[i].append(r)
+                    print(
+                        f"round {k + 1}/{s.rounds} {mode} α={alpha}: {r['step_s']:.2f} s/step, "
+                        f"{r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
+                        flush=True,
+                    )
+        finally:
+            ray.shutdown()
+    return out
+
+
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median step time (an actual run, so its fields stay consistent with each other)."""
+    return sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]

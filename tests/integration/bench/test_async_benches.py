@@ -1,0 +1,70 @@
+"""`async-modes` and `alpha-sweep` end to end on local Ray, at the smallest size that still trains."""
+
+import argparse
+import json
+
+import pytest
+
+from bench import alpha_sweep, async_modes
+
+SMALL = dict(
+    quick=False,
+    size="tiny",
+    group_size=2,
+    batch_groups=2,
+    turns=2,
+    max_tokens=2,
+    env_ms=30.0,
+    env_sigma_ms=10.0,
+    warmup=0,
+    steps=2,
+    rounds=1,
+    seed=0,
+)
+
+
+def test_async_modes_measures_each_mode_and_the_ideal_step(tmp_path):
+    out = tmp_path / "am.json"
+    args = argparse.Namespace(
+        **SMALL, json=str(out), modes=("sync+", "rollart"), alpha=1, concurrency=None, store="ray"
+    )
+    payload = async_modes.run(args)
+
+    rows = payload["rows"]
+    assert [(r["mode"], r["alpha"]) for r in rows] == [("sync+", 0), ("rollart", 1)]
+    assert all(r["speedup_vs_sync"] is None for r in rows)  # sync not run: no baseline
+    parts = {b["mode"]: b for b in payload["breakdown"]}
+    assert parts["sync+"]["staleness_max"] == 0 and parts["sync+"]["aborted"] == 0  # on-policy
+    assert parts["rollart"]["staleness_max"] <= 1  # the bound held
+    for r in rows:
+        b = parts[r["mode"]]
+        assert r["tokens_per_s"] > 0 and r["step_s"] > b["wait_batch_s"] + b["train_s"]
+        assert b["pull_s"] > 0 and b["exposed_pull_s"] <= b["pull_s"] + 1e-3  # weights went through the store
+    ideal = payload["ideal"]
+    assert (
+        ideal["rollout_s"] == parts["sync+"]["wait_batch_s"] and ideal["train_s"] == parts["sync+"]["train_s"]
+    )
+    assert ideal["ideal_step_s"] == pytest.approx(
+        max(ideal["rollout_s"], ideal["train_s"]) + parts["rollart"]["sync_s"]
+    )
+    assert ideal["rollart_step_s"] == rows[1]["step_s"]
+    assert (payload["order_violations"] == []) == (rows[0]["tokens_per_s"] < rows[1]["tokens_per_s"])
+    assert "2.65–4.58x" in payload["note"] and "Load average" in payload["note"]
+    assert json.loads(out.read_text()) == payload
+    assert (tmp_path / "am.png").stat().st_size > 0
+
+
+def test_alpha_sweep_bounds_staleness_by_each_alpha(tmp_path):
+    out = tmp_path / "as.json"
+    args = argparse.Namespace(**SMALL, json=str(out), alphas=(1, 2), concurrency=8, store="mooncake")
+    payload = alpha_sweep.run(args)
+
+    rows = payload["rows"]
+    assert [r["alpha"] for r in rows] == [1, 2] and rows[0]["speedup_vs_alpha1"] == 1.0
+    for r in rows:
+        assert 0 <= r["staleness_max"] <= r["alpha"]
+        assert r["aborted_per_step"] == r["aborted"] / 2 and r["tokens_per_s"] > 0
+    assert rows[1]["speedup_vs_alpha1"] == rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    assert payload["config"]["envs"] == 8
+    assert json.loads(out.read_text()) == payload
+    assert (tmp_path / "as.png").stat().st_size > 0

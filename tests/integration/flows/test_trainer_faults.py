@@ -1,0 +1,41 @@
+"""A trainer exception at a step: retried once (Prefect task retry); failing again, the run stops cleanly.
+
+Also: the counters of injected env and reward faults reach each step's metadata-store row.
+"""
+
+import pytest
+
+from infra.metadata import MetadataStore
+from tests.integration.engine.test_faults_on_ray import tiny_config
+from tests.integration.flows.test_train_flow import prefect_home  # noqa: F401 - a fixture
+
+
+def config(tmp_path, steps: int, faults: dict) -> dict:
+    cfg = tiny_config(tmp_path, "trainfault", train={"steps": steps, "step_retries": 1}, faults=faults)
+    cfg["resources"]["roles"]["actor_gen"]["count"] = 1
+    return cfg
+
+
+async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_keeping_its_checkpoint(
+    prefect_home,  # noqa: F811
+    tmp_path,
+):
+    from flows.train import TrainingStopped, train
+
+    faults = {"seed": 2, "trainer_error_at_step": 2, "env_step_crash": 0.2, "reward_error": 0.2}
+    summary = await train(config(tmp_path, 3, faults))
+    assert summary["steps_this_run"] == 3
+    store = MetadataStore(f"sqlite:///{tmp_path}/runs/trainfault/metadata.db")
+    rows = store.steps("trainfault")
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["version"] for r in rows] == [1, 2, 3]
+    assert [r["metrics"]["count/train_step_retries"] for r in rows] == [0, 1, 0]  # step 2 failed once
+    last = rows[-1]["metrics"]  # counters since the start, as recorded with the step
+    assert last["count/member_failed_InjectedEnvCrash"] >= 1 and last["count/reward_retries"] >= 1
+    assert last["count/gen_requests_retried"] == 0 and last["count/trajectories_failed"] >= 1
+
+    # step 4 fails twice: one retry is not enough, the run stops; the checkpoint of step 3 is kept
+    faults = {"trainer_error_at_step": 4, "trainer_error_times": 2}
+    with pytest.raises(TrainingStopped, match=r"step 4 failed after 1 retries: .*InjectedTrainerError"):
+        await train(config(tmp_path, 5, faults), resume=True)
+    assert [r["step"] for r in store.steps("trainfault")] == [1, 2, 3]
+    assert store.latest_checkpoint("trainfault")["step"] == 3
