@@ -189,11 +189,17 @@ class RolloutScheduler:
                     if self._wave_permits is not None:
                         self._wave_permits -= 1
                     return self._new_wave()
-            elif self.policy.may_start(self._next_group, self.trainer_version, self.batch_groups):
+            elif self.policy.may_start(self._admitted(), self.trainer_version, self.batch_groups):
                 return self._new_group()
             self._wake.clear()
             await self._wake.wait()
         return None
+
+    def _admitted(self) -> int:
+        """Groups started that may still reach the trainer: a dropped group gives its admission back,
+        or an admission budget spent on groups that never arrive would leave the trainer waiting forever."""
+        dropped = sum(v for k, v in self.counts.items() if k.startswith("groups_dropped_"))
+        return self._next_group - dropped
 
     def _new_group(self) -> _GroupRun:
         task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]

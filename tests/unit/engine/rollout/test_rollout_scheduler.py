@@ -159,6 +159,20 @@ async def test_areal_admits_groups_only_within_alpha_of_the_trainer():
     await runner
 
 
+async def test_areal_admission_is_given_back_by_a_dropped_group():
+    failing = {0, 1, 2}  # every env of the first group fails, refills included (max_refills=1)
+    s, *_ = scheduler(
+        lambda i: OSError("env died") if i in failing else 0.001,
+        tasks=[task(group_size=2)],
+        concurrency=2,
+        mode="areal",
+        alpha=0,
+        batch_groups=1,
+        max_refills=1,
+    )
+    await run_until(s, lambda: s.counts["groups_complete"] >= 1)  # would wait forever without the refund
+    assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_started"] == 2
+
 def test_tasks_are_sampled_by_weight():
     s, *_ = scheduler(lambda i: 0.0, tasks=[task("a", weight=3.0), task("b", weight=1.0)])
     names = Counter(s._new_group().task.name for _ in range(2000))
