@@ -23,8 +23,9 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/unit -q
 
+# Each `make run` is a new experiment (runs/quickstart-<time>/); `rollart train` never overwrites one.
 run: $(STAMP)
-	$(VENV)/bin/rollart train configs/quickstart.yaml
+	$(VENV)/bin/rollart train configs/quickstart.yaml --set name=quickstart-$(shell date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -35,10 +35,13 @@ def _train(args: argparse.Namespace) -> int:
     import asyncio
 
     load_config(args.file, args.set)  # a bad config exits 2 before anything starts
-    from flows.train import TrainingStopped, train
+    from flows.train import RunExists, TrainingStopped, train
 
     try:
         summary = asyncio.run(train(args.file, args.set, resume=args.resume))
+    except RunExists as e:  # nothing started, nothing overwritten
+        print(f"rollart train: {e}", file=sys.stderr)
+        return 2
     except TrainingStopped as e:  # a step failed past its retries: a message, not a traceback
         print(f"training stopped: {e}", file=sys.stderr)
         return 1

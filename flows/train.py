@@ -44,6 +44,10 @@ console = Console(soft_wrap=True)  # one line per step, whatever the terminal wi
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
 
 
+class RunExists(RuntimeError):
+    """A fresh run was asked for where this experiment already trained: its results are not overwritten."""
+
+
 class TrainingStopped(RuntimeError):
     """A step failed after its retries; the run stopped, its last checkpoint kept for `--resume`."""
 
@@ -140,6 +144,11 @@ async def train(
         else load_config(data=config, overrides=overrides)
     )
     exp = Experiment(cfg)
+    if not resume and (done := len(exp.store.steps(exp.run_id))):
+        raise RunExists(
+            f"{exp.run_dir} already holds {done} trained steps of experiment {cfg.name!r}; continue it with "
+            "--resume, or start another with a new name (--set name=...) or run_root"
+        )
     t_start = time.perf_counter()
     try:
         console.print(

@@ -72,7 +72,7 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
 ):
     from prefect.client.orchestration import get_client
 
-    from flows.train import train
+    from flows.train import RunExists, train
     from infra.metadata import MetadataStore
     from infra.objectstore import S3Dirs
 
@@ -124,6 +124,8 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     steps = store.steps("flowtest")
     assert [s["step"] for s in steps] == [1, 2, 3]  # nothing repeated or skipped
     assert store.latest_checkpoint("flowtest")["step"] == 3
+    with pytest.raises(RunExists, match="already holds 3 trained steps"):  # never overwritten by a fresh run
+        await train(config(tmp_path, s3_endpoint, steps=3))
 
 
 async def test_a_scheduled_deployment_creates_scheduled_runs_that_resume(prefect_home, tmp_path):

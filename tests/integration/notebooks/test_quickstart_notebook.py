@@ -40,8 +40,9 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
     )
     assert "triggered" in outputs and "SCHEDULED" in outputs
-    summary = json.loads((tmp_path / "runs" / "notebook" / "summary.json").read_text())
-    assert summary["steps"] == 2 and set(summary["eval"]) == {"frozenlake", "reasoning_gym/basic_arithmetic"}
+    (run_dir,) = (tmp_path / "runs").glob("notebook-*")  # one experiment, named by its start time
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and set(summary["eval"]) == {"frozenlake", "reasoning_gym/leg_counting"}
     assert any(
         o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
         for c in nb.cells

@@ -173,6 +173,7 @@ async def test_areal_admission_is_given_back_by_a_dropped_group():
     await run_until(s, lambda: s.counts["groups_complete"] >= 1)  # would wait forever without the refund
     assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_started"] == 2
 
+
 def test_tasks_are_sampled_by_weight():
     s, *_ = scheduler(lambda i: 0.0, tasks=[task("a", weight=3.0), task("b", weight=1.0)])
     names = Counter(s._new_group().task.name for _ in range(2000))
