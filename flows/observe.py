@@ -41,7 +41,10 @@ class MetricsSink:
 
 
 def plot(run_dir: Path) -> Path | None:
-    """reward and throughput per step from metrics.jsonl -> run_dir/progress.png."""
+    """Per-task rollout success, reward and throughput per step from metrics.jsonl -> run_dir/progress.png.
+
+    Success per task is the share of that task's trajectories finished in the step that reached their goal,
+    smoothed over the last 10 steps (a step finishes only a few of each)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
@@ -49,8 +52,19 @@ def plot(run_dir: Path) -> Path | None:
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = [r["step"] for r in rows]
-    fig = Figure(figsize=(10, 3.5))
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 3.5))
+    ax0, ax1, ax2 = fig.subplots(1, 3)
+    tasks = sorted({k.split("/", 1)[1].rsplit("/", 1)[0] for r in rows for k in r if k.endswith("/success")})
+    for task in tasks:
+        seen = [(r["step"], r[f"rollout/{task}/success"]) for r in rows if f"rollout/{task}/success" in r]
+        smooth = [
+            sum(v for _, v in seen[max(0, i - 9) : i + 1]) / len(seen[max(0, i - 9) : i + 1])
+            for i in range(len(seen))
+        ]
+        ax0.plot([s for s, _ in seen], smooth, label=task)
+    ax0.set(xlabel="step", ylabel="success (10-step mean)", title="rollout success per task", ylim=(0, 1))
+    if tasks:
+        ax0.legend(fontsize=8)
     ax1.plot(steps, [r.get("reward_mean", float("nan")) for r in rows], marker=".")
     ax1.set(xlabel="step", ylabel="mean reward of the trained batch", title="reward")
     ax2.plot(steps, [r.get("tokens_per_s_rollout", float("nan")) for r in rows], marker=".", label="rollout")
