@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -24,7 +25,8 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], note: str = "") -> N
         table.add_column(c, justify="right")
     for r in rows:
         table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-    console = Console()
+    # Piped to a file or CI log, rich would fold the table into 80 columns and cut the headers.
+    console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     if note:
         console.print(note)
