@@ -56,7 +56,7 @@ OutputTokens = int | Callable[[GenRequest, random.Random], int] | None
 
 
 @dataclass(eq=False)
-class _Seq:
+class ModelledSeq:
     """One request's state inside the engine."""
 
     request: GenRequest
@@ -137,7 +137,7 @@ def clock() -> float:
         return time.monotonic()
 
 
-class _Pacer:
+class Pacer:
     """Turns modelled seconds into wall-clock waiting, one sleep per `min_sleep_s` owed (module doc)."""
 
     def __init__(self, time_scale: float, min_sleep_s: float) -> None:
@@ -207,11 +207,11 @@ class ModelledBackend(GenerationBackend):
         self._cache = _PrefixCache(capacity) if prefix_cache else None
         self._output_tokens = output_tokens
         self._seed = seed
-        self._pacer = _Pacer(time_scale, min_sleep_s)
-        self._inflight: dict[str, _Seq] = {}
-        self._waiting: deque[_Seq] = deque()
-        self._running: dict[str, _Seq] = {}
-        self._finishing: list[tuple[int, int, _Seq]] = []  # heap of (finish step, tie-break, seq)
+        self._pacer = Pacer(time_scale, min_sleep_s)
+        self._inflight: dict[str, ModelledSeq] = {}
+        self._waiting: deque[ModelledSeq] = deque()
+        self._running: dict[str, ModelledSeq] = {}
+        self._finishing: list[tuple[int, int, ModelledSeq]] = []  # heap of (finish step, tie-break, seq)
         self._order = itertools.count()
         self._step = 0  # decode steps run so far
         self._context = 0  # KV tokens the next decode step reads: the running contexts, summed
@@ -232,7 +232,7 @@ class ModelledBackend(GenerationBackend):
         if request.sampling.max_tokens < 1:
             raise ValueError(f"request {rid!r}: max_tokens must be >= 1")
         future: asyncio.Future[GenOutput] = asyncio.get_running_loop().create_future()
-        seq = _Seq(request, future, self._target(request), submitted=clock())
+        seq = ModelledSeq(request, future, self._target(request), submitted=clock())
         self._inflight[rid] = seq
         self._counters.requests += 1
         self._submit(seq)
@@ -286,7 +286,7 @@ class ModelledBackend(GenerationBackend):
             raise ValueError(f"output_tokens gave {n} tokens for request {request.request_id!r}; need >= 1")
         return min(n, cap)
 
-    def _submit(self, seq: _Seq) -> None:
+    def _submit(self, seq: ModelledSeq) -> None:
         """Queue for admission to the batch (PD first sends it through its prefill stage)."""
         self._waiting.append(seq)
         self._ensure_loop()
@@ -302,7 +302,7 @@ class ModelledBackend(GenerationBackend):
     async def _run(self) -> None:
         try:
             while self._waiting or self._running:
-                done: list[_Seq] = []
+                done: list[ModelledSeq] = []
                 while (self._waiting or self._running) and not self._pacer.due:
                     done += self._iterate()
                 await self._pacer.pay()
@@ -317,7 +317,7 @@ class ModelledBackend(GenerationBackend):
             self._loop_task = None
             self._pacer.reset()
 
-    def _iterate(self) -> list[_Seq]:
+    def _iterate(self) -> list[ModelledSeq]:
         """Admit and prefill, then decode steps of the batch up to the next finish (or the sleep budget)."""
         prefill = self._context if self._stale else 0
         self._counters.recomputed_tokens += prefill
@@ -352,7 +352,7 @@ class ModelledBackend(GenerationBackend):
                 done.append(seq)
         return done
 
-    def _lookup(self, seq: _Seq) -> int:
+    def _lookup(self, seq: ModelledSeq) -> int:
         """Split the prompt into cached and to-be-prefilled tokens; return the latter."""
         prompt = seq.request.prompt_ids
         cached = self._cache.hit(seq.request.trajectory_id, prompt) if self._cache is not None else 0
@@ -361,7 +361,7 @@ class ModelledBackend(GenerationBackend):
         self._counters.prefill_tokens += seq.prefill_tokens
         return seq.prefill_tokens
 
-    def _admit(self, seq: _Seq, now: float) -> int:
+    def _admit(self, seq: ModelledSeq, now: float) -> int:
         """Put `seq` in the decode batch; return the prompt tokens to prefill on this device."""
         to_prefill = 0 if seq.prefilled else self._lookup(seq)
         seq.admitted, seq.version = now, self.version
@@ -371,7 +371,7 @@ class ModelledBackend(GenerationBackend):
         heapq.heappush(self._finishing, (self._step + seq.target, next(self._order), seq))
         return to_prefill
 
-    def _leave(self, seq: _Seq, reason: str) -> None:
+    def _leave(self, seq: ModelledSeq, reason: str) -> None:
         """Take a running `seq` out of the batch; its KV (prompt + output) goes to the prefix cache."""
         del self._running[seq.request.request_id]
         seq.generated = self._step - seq.start_step
@@ -385,7 +385,7 @@ class ModelledBackend(GenerationBackend):
                 seq.request.trajectory_id, seq.request.prompt_ids + [self.token_id] * seq.generated
             )
 
-    def _drop(self, seq: _Seq) -> None:
+    def _drop(self, seq: ModelledSeq) -> None:
         """Abort `seq` wherever it is; a finished one waiting for its pacing sleep is left alone."""
         if seq.finish_reason:
             return
@@ -395,7 +395,7 @@ class ModelledBackend(GenerationBackend):
         self._counters.aborted += 1
         self._resolve(seq)
 
-    def _resolve(self, seq: _Seq) -> None:
+    def _resolve(self, seq: ModelledSeq) -> None:
         self._inflight.pop(seq.request.request_id, None)
         if seq.future.done():  # the caller was cancelled
             return

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from engine.backends.modelled import ModelledBackend, _Pacer, _Seq, clock
+from engine.backends.modelled import ModelledBackend, ModelledSeq, Pacer, clock
 from engine.devices import DeviceProfile, ModelProfile, kv_transfer_s, prefill_only_s
 
 NIC_BYTES_PER_S = 400e9 / 8  # one 400 Gb/s RDMA NIC
@@ -50,8 +50,8 @@ class PrefillStage:
         self.busy_s = 0.0  # modelled seconds the prefill devices computed
         self.transfer_s = 0.0  # modelled seconds of KV shipping
         self.batches = 0
-        self._queue: deque[tuple[_Seq, PDBackend]] = deque()
-        self._pacer = _Pacer(time_scale, 0.0)
+        self._queue: deque[tuple[ModelledSeq, PDBackend]] = deque()
+        self._pacer = Pacer(time_scale, 0.0)
         self._task: asyncio.Task[None] | None = None
         self._created = clock()
 
@@ -74,7 +74,7 @@ class PrefillStage:
             "prefill_batches": self.batches,
         }
 
-    def submit(self, seq: _Seq, engine: PDBackend) -> None:
+    def submit(self, seq: ModelledSeq, engine: PDBackend) -> None:
         self._queue.append((seq, engine))
         if self._task is None:
             self._task = asyncio.create_task(self._run())
@@ -128,10 +128,10 @@ class PDBackend(ModelledBackend):
         await super().close()
         await self.stage.close()
 
-    def _submit(self, seq: _Seq) -> None:
+    def _submit(self, seq: ModelledSeq) -> None:
         self.stage.submit(seq, self)
 
-    def _receive(self, seq: _Seq) -> None:
+    def _receive(self, seq: ModelledSeq) -> None:
         """The stage prefilled `seq` and shipped its KV: it joins this engine's decode queue."""
         seq.prefilled = True
         self._waiting.append(seq)
