@@ -1,23 +1,30 @@
 """Device and model profiles, and the roofline times a modelled generation backend charges (DESIGN §5).
 
 With no GPUs, paper-scale benchmarks model the *devices* while the control plane stays real. A device is
-its datasheet peaks; a model is the handful of shape numbers that decide FLOPs and bytes moved. The times
-are rooflines: prefill is compute-bound (2 FLOPs per active parameter per token), decode is bound by the
-bytes every step reads from HBM (weights + the KV cache of every running sequence), with the compute roof
-as a floor. `mfu`/`mbu` (achieved fraction of peak FLOP/s / bandwidth) default to 1.0 so the numbers are
-the pure datasheet bound and hand checks are exact; pass e.g. 0.5/0.7 for realistic efficiency.
+its datasheet peaks; a model is the handful of shape numbers that decide FLOPs and bytes moved. Times are
+rooflines *per kind of kernel*, summed, because a forward pass runs its kernels one after the other: the
+weight GEMMs take max(2 FLOPs per active parameter per token / peak FLOP/s, weight bytes read / bandwidth);
+decode attention reads the KV cache of every running sequence (memory-bound: with GQA it does only
+~2 x heads/kv_heads FLOPs per KV byte, far below any ridge point); prefill attention is compute-bound,
+4 x layers x heads x head_dim FLOPs per (query, key) pair (QK^T and PV, 2 FLOPs per multiply-add each),
+which is what makes a long agentic context expensive to extend: 1,500 new tokens on top of 40,000 cached
+ones cost Qwen2.5-7B as many attention FLOPs as weight FLOPs. `mfu`/`mbu` (achieved fraction of peak FLOP/s
+/ bandwidth) default to 1.0 so the numbers are the pure datasheet bound and hand checks are exact.
 
-Simplifications, on purpose: attention FLOPs are ignored (small next to the weights' FLOPs below a few
-thousand tokens of context); tensor parallelism over `tp` devices scales peaks linearly (no all-reduce
-cost). An MoE decode step reads the dense part of the weights plus every routed expert that at least one of
-the batch's tokens picked: with top-k of E experts and tokens routed independently and uniformly, a batch of
-b sequences touches a fraction 1 - (1 - k/E)^b of them (k/E for one sequence, i.e. the active parameters;
-nearly all of them from a few dozen sequences on). Compute is always 2 FLOPs per *active* parameter.
+An engine over `tp` devices has `tp` times the peaks and memory, and its devices exchange activations over
+NVLink each layer (`ModelProfile.exchange_bytes`: tensor-parallel all-reduces for a dense model,
+expert-parallel all-to-all for an MoE). Simplifications, on purpose: no per-message latency, no overlap
+of that exchange with compute; an MoE's attention weights, replicated on every device under expert
+parallelism (~1.5B of Qwen3-30B-A3B's 30.5B parameters), count as split; a prefill forward never overlaps
+a decode step (see `engine.backends.modelled`). An MoE step
+reads the dense part of the weights plus every routed expert that at least one of its tokens picked: with
+top-k of E experts and tokens routed independently and uniformly, n tokens touch a fraction
+1 - (1 - k/E)^n of them (k/E for one token, i.e. the active parameters; nearly all of them from a few dozen
+tokens on). Compute is always 2 FLOPs per *active* parameter.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 TERA = 1e12
@@ -73,6 +80,8 @@ class ModelProfile:
     layers: int
     kv_heads: int  # key/value heads (GQA)
     head_dim: int
+    heads: int  # query heads (a multiple of kv_heads): they set the attention FLOPs
+    hidden: int  # hidden size: the activations devices of one engine exchange per token and layer
     bytes_per_param: int = 2  # bf16 weights
     bytes_per_kv_elem: int = 2  # bf16 KV cache
     experts: int = 0  # routed experts per MoE layer; 0 for a dense model
@@ -81,6 +90,8 @@ class ModelProfile:
     def __post_init__(self) -> None:
         if not 0 < self.active_params <= self.params:
             raise ValueError(f"{self.name}: need 0 < active_params <= params")
+        if self.heads < 1 or self.heads % self.kv_heads:
+            raise ValueError(f"{self.name}: need query heads a multiple of kv_heads, got {self.heads}")
         if self.experts and not 0 < self.experts_per_token < self.experts:
             got = f"top-{self.experts_per_token} of {self.experts}"
             raise ValueError(f"{self.name}: need 0 < experts_per_token < experts, got {got}")
@@ -91,6 +102,27 @@ class ModelProfile:
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V one token adds to the cache, over all layers."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv_elem
+
+    def attention_flops(self, pairs: float) -> float:
+        """FLOPs of prefill attention over `pairs` (query, key) pairs (`attention_pairs`)."""
+        return 4 * self.layers * self.heads * self.head_dim * pairs
+
+    def exchange_bytes(self, tokens: int, tp: int) -> float:
+        """Bytes each of `tp` devices of one engine sends in a forward pass over `tokens` tokens
+        (activations in the weights' dtype).
+
+        Dense, tensor parallel: two all-reduces of `tokens x hidden` per layer (after attention, after the
+        MLP); a ring all-reduce sends 2 (tp - 1) / tp of the buffer per device. MoE, expert parallel with
+        data-parallel attention (how SGLang and vLLM spread an MoE over GPUs): each device's tokens/tp
+        tokens go to their top-k experts, (tp - 1) / tp of them on other devices, and come back: an
+        all-to-all dispatch and combine per layer.
+        """
+        if tp == 1:
+            return 0.0
+        act = tokens * self.hidden * self.bytes_per_param
+        if self.experts:
+            return 2 * self.layers * act / tp * self.experts_per_token * (tp - 1) / tp
+        return 2 * self.layers * act * 2 * (tp - 1) / tp
 
     @property
     def weight_bytes(self) -> float:
@@ -115,13 +147,14 @@ class ModelProfile:
         return (self.params - self.expert_params * (1 - touched)) * self.bytes_per_param
 
 
-# Presets from the Qwen model cards / config.json (parameter counts as published, incl. embeddings).
+# Presets from the Qwen model cards / config.json (parameter counts as published, incl. embeddings; the
+# fourth number is the layer count).
 MODELS: dict[str, ModelProfile] = {
     m.name: m
     for m in (
-        ModelProfile("qwen2.5-7b", 7.61e9, 7.61e9, layers=28, kv_heads=4, head_dim=128),
-        ModelProfile("qwen3-8b", 8.19e9, 8.19e9, layers=36, kv_heads=8, head_dim=128),
-        ModelProfile("qwen2.5-32b", 32.5e9, 32.5e9, layers=64, kv_heads=8, head_dim=128),
+        ModelProfile("qwen2.5-7b", 7.61e9, 7.61e9, 28, kv_heads=4, head_dim=128, heads=28, hidden=3584),
+        ModelProfile("qwen3-8b", 8.19e9, 8.19e9, 36, kv_heads=8, head_dim=128, heads=32, hidden=4096),
+        ModelProfile("qwen2.5-32b", 32.5e9, 32.5e9, 64, kv_heads=8, head_dim=128, heads=40, hidden=5120),
         ModelProfile(
             "qwen3-30b-a3b",
             30.5e9,
@@ -129,6 +162,8 @@ MODELS: dict[str, ModelProfile] = {
             layers=48,
             kv_heads=4,
             head_dim=128,
+            heads=32,
+            hidden=2048,
             experts=128,
             experts_per_token=8,
         ),
@@ -155,15 +190,29 @@ def kv_capacity_tokens(model: ModelProfile, device: DeviceProfile, tp: int = 1) 
     return int(free // model.kv_bytes_per_token)
 
 
-def prefill_s(
-    model: ModelProfile, device: DeviceProfile, tokens: int, tp: int = 1, *, mfu: float = 1.0
-) -> float:
-    """Seconds to prefill `tokens` prompt tokens: 2 FLOPs per active parameter per token, compute-bound.
+def attention_pairs(new_tokens: int, cached_tokens: int = 0) -> int:
+    """(query, key) pairs of causal attention when `new_tokens` extend a context of `cached_tokens`."""
+    return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
 
-    No weight-read floor: in an engine iteration the decode step that follows reads the weights anyway
-    (`prefill_only_s` is the time on a device that does nothing else).
-    """
-    return 2 * model.active_params * tokens / (device.peak_flops * tp * mfu)
+
+def prefill_s(
+    model: ModelProfile, device: DeviceProfile, tokens: int, tp: int = 1, *, pairs: int = 0, mfu: float = 1.0
+) -> float:
+    """Seconds of compute to prefill `tokens` tokens: 2 FLOPs per active parameter per token, plus the
+    attention FLOPs of `pairs` (query, key) pairs (`attention_pairs`). The compute roof alone."""
+    return (2 * model.active_params * tokens + model.attention_flops(pairs)) / (device.peak_flops * tp * mfu)
+
+
+def _gemm_s(
+    model: ModelProfile, device: DeviceProfile, tokens: int, tp: int, mfu: float, mbu: float
+) -> float:
+    """The weight GEMMs of one forward pass over `tokens` tokens: compute roof or one read of the weights
+    those tokens touch (for an MoE, the experts they are routed to), whichever is longer; then, over `tp`
+    devices, their exchange of activations (`ModelProfile.exchange_bytes`) at the NVLink bandwidth one
+    way (half the datasheet's bidirectional figure), not overlapped with compute."""
+    memory = model.step_weight_bytes(tokens) / (device.hbm_bytes_per_s * tp * mbu)
+    exchange = model.exchange_bytes(tokens, tp) / (device.interconnect_bytes_per_s / 2)
+    return max(prefill_s(model, device, tokens, tp, mfu=mfu), memory) + exchange
 
 
 def prefill_only_s(
@@ -172,13 +221,23 @@ def prefill_only_s(
     tokens: int,
     tp: int = 1,
     *,
+    pairs: int = 0,
+    longest: int = 0,
     mfu: float = 1.0,
     mbu: float = 1.0,
 ) -> float:
-    """Seconds of a prefill batch on a dedicated prefill device (PD): the compute roof, but no less than one
-    read of the weights the batch touches (for an MoE, the experts its `tokens` are routed to)."""
-    memory = model.step_weight_bytes(tokens) / (device.hbm_bytes_per_s * tp * mbu)
-    return max(prefill_s(model, device, tokens, tp, mfu=mfu), memory)
+    """Seconds of one prefill forward pass that does nothing else (a colocated engine's prefill iteration,
+    or a PD prefill device): its weight GEMMs (`_gemm_s`: at least one read of the weights the batch
+    touches) plus the attention FLOPs of `pairs` (query, key) pairs, `longest` of them one request's.
+
+    Over `tp` devices a dense model's attention is tensor parallel (heads split: pairs / tp each). An MoE's
+    is data parallel under expert parallelism: a request's attention runs on the one device holding its
+    KV while the others wait for it at the layer's all-to-all, so the pass lasts at least the longest
+    request's attention on one device — the "DP attention imbalance" SGLang gives as a reason for PD.
+    """
+    work = max(pairs / tp, longest) if model.experts and tp > 1 else pairs / tp
+    attention = model.attention_flops(work) / (device.peak_flops * mfu)
+    return _gemm_s(model, device, tokens, tp, mfu, mbu) + attention
 
 
 def decode_step_s(
@@ -193,10 +252,9 @@ def decode_step_s(
 ) -> float:
     """Seconds of one decode step giving each of `seqs` running sequences one token.
 
-    Memory roof: the step reads the weights once (for an MoE, the experts the batch touches; see the
-    module doc) plus the KV cache of every running sequence's context (`batch_context_tokens` summed over
-    the batch). Compute roof: 2 FLOPs per active parameter per sequence; it wins only for big batches on
-    compute-poor devices (e.g. H20).
+    The weight GEMMs over `seqs` tokens (`_gemm_s`: memory-bound unless the batch is big on a compute-poor
+    device, e.g. H20 past ~37 sequences) then attention reading the KV cache of every running sequence's
+    context (`batch_context_tokens` summed over the batch).
     """
     return decode_steps_s(model, device, batch_context_tokens, 1, tp, seqs=seqs, mbu=mbu, mfu=mfu)
 
@@ -214,23 +272,13 @@ def decode_steps_s(
 ) -> float:
     """Seconds of `steps` consecutive decode steps of a fixed batch, in closed form.
 
-    Step j reads `batch_context_tokens + j * seqs` tokens of KV (every sequence grew by one token per
-    step), so its memory time is linear in j and the sum is exact without looping — what lets the
-    modelled backend advance many steps at once.
+    The GEMMs cost the same every step; step j reads `batch_context_tokens + j * seqs` tokens of KV (every
+    sequence grew by one token per step), so the sum is exact without looping — what lets the modelled
+    backend advance many steps at once.
     """
-    bandwidth = device.hbm_bytes_per_s * tp * mbu
-    first = (model.step_weight_bytes(seqs) + model.kv_bytes_per_token * batch_context_tokens) / bandwidth
-    growth = model.kv_bytes_per_token * seqs / bandwidth
-    compute = 2 * model.active_params * seqs / (device.peak_flops * tp * mfu)
-    # Steps j < (compute - first) / growth are compute-bound; the rest are memory-bound.
-    if first >= compute:
-        bound = 0
-    elif growth == 0:
-        bound = steps
-    else:
-        bound = min(steps, math.ceil((compute - first) / growth))
-    memory_steps = steps - bound
-    return bound * compute + memory_steps * first + growth * memory_steps * (bound + steps - 1) / 2
+    kv = model.kv_bytes_per_token / (device.hbm_bytes_per_s * tp * mbu)
+    read = steps * batch_context_tokens + seqs * steps * (steps - 1) / 2
+    return steps * _gemm_s(model, device, seqs, tp, mfu, mbu) + kv * read
 
 
 def kv_transfer_s(model: ModelProfile, tokens: int, link_bytes_per_s: float) -> float:

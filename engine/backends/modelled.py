@@ -2,11 +2,14 @@
 
 The control plane (proxy, env loops, buffer, weight sync) is real; only the GPU is replaced. Requests
 queue; each engine *iteration* admits waiting requests while the batch has room, prefills their prompt
-tokens that are not in the prefix cache, and runs one decode step that gives every running sequence one
-token (`prefill_s` + `decode_step_s` of `engine.devices`, KV of every running context included). A request
-leaves the batch after its number of output tokens; it gets fixed token ids (`token_id`), log-probs of
-`LOGPROB` each and the version at admission. Time is real but scaled: the engine waits
-`time_scale` wall seconds per modelled second, so the callers feel the queueing and batching.
+tokens that are not in the prefix cache in one forward pass (`prefill_only_s` of `engine.devices`: the
+weight GEMMs, at least one weight read, plus attention over each prompt's cached prefix), then runs decode
+steps that give every running sequence one token each (`decode_step_s`, KV of every running context
+included). The prefill pass stalls the decode batch, as SGLang schedules by default (prefill batches run
+apart from decode batches); vLLM V1's mixed batches, where a small prefill rides on a decode step's weight
+read, are not modelled. A request leaves the batch after its number of output tokens; it gets fixed token
+ids (`token_id`), log-probs of `LOGPROB` each and the version at admission. Time is real but scaled: the
+engine waits `time_scale` wall seconds per modelled second, so the callers feel the queueing and batching.
 
 Cheap to simulate: between *events* (an admission or a finish) the batch is fixed and a step's KV grows
 linearly, so the engine advances many steps at once in closed form (`decode_steps_s`) — O(events), not
@@ -18,12 +21,16 @@ result may come back that much early or late. Idle, no task runs: the next reque
 Waits and timestamps go by the event loop's clock (`clock`), so under a loop with a simulated clock
 (`bench.clock`) the same engine runs in simulated time.
 
-Prefix cache: per trajectory, the token ids whose KV the previous turn left behind (prompt + output),
-kept in an LRU bounded in tokens (default: the KV that fits in device memory next to the weights). A turn
-prefills only the tokens after the longest common prefix with its trajectory's entry. New weights
-(`load_weights`) empty the cache and re-prefill the running sequences' contexts at the next iteration,
-as a real engine recomputes KV after an update. Memory bounds only the prefix cache: the running batch is
-bounded by `max_batch`, not by KV memory (no preemption is modelled).
+KV memory (`kv_tokens`, default: what fits in device memory next to the weights) holds the running batch
+and the prefix cache. A request is admitted only if its prompt and all its output tokens fit next to the
+running ones' (a reservation, as SGLang's scheduler reserves output room; it knows the output length, so
+no request is ever preempted and recomputed), or if the batch is empty (a request bigger than memory runs
+alone, where a real engine would reject it); otherwise it waits, first come first served. Prefix cache:
+per trajectory, the token ids whose KV the previous turn left behind (prompt + output), an LRU in the
+memory the running batch leaves free. A turn prefills only the tokens after the longest common prefix
+with its trajectory's entry, and that entry becomes the running sequence's KV until it leaves. New
+weights (`load_weights`) empty the cache and re-prefill the running sequences' contexts at the next
+iteration, as a real engine recomputes KV after an update.
 
 `engine.backends.pd` adds PD disaggregation on top of this engine.
 """
@@ -44,10 +51,11 @@ from engine.backends.base import GenerationBackend
 from engine.devices import (
     DeviceProfile,
     ModelProfile,
+    attention_pairs,
     decode_step_s,
     decode_steps_s,
     kv_capacity_tokens,
-    prefill_s,
+    prefill_only_s,
 )
 from engine.types import GenOutput, GenRequest
 
@@ -66,6 +74,7 @@ class ModelledSeq:
     admitted: float = 0.0  # wall clock, when it joined the decode batch
     version: int = -1
     prefilled: bool = False  # prompt KV already computed elsewhere (PD)
+    reserved: bool = False  # holds KV memory on its engine: from admission until it leaves the batch
     prefill_tokens: int = 0  # prompt tokens computed, i.e. not found in the prefix cache
     cached_tokens: int = 0
     start_step: int = 0  # engine decode step that produces its first token
@@ -87,19 +96,19 @@ class _Counters:
 
 
 class _PrefixCache:
-    """LRU of the token ids whose KV each trajectory left in the cache, bounded in tokens."""
+    """LRU of the token ids whose KV each trajectory left in the cache, bounded in tokens by the caller."""
 
-    def __init__(self, capacity_tokens: int) -> None:
-        self.capacity = capacity_tokens
+    def __init__(self) -> None:
         self._entries: OrderedDict[str, list[int]] = OrderedDict()
         self._tokens = 0
 
-    def hit(self, trajectory_id: str, prompt: list[int]) -> int:
-        """Prompt tokens already cached: the common prefix with the trajectory's entry."""
-        cached = self._entries.get(trajectory_id) if trajectory_id else None
+    def take(self, trajectory_id: str, prompt: list[int]) -> int:
+        """Prompt tokens already cached: the common prefix with the trajectory's entry, which leaves the
+        cache (its KV is now the running sequence's, stored again when that one leaves)."""
+        cached = self._entries.pop(trajectory_id, None) if trajectory_id else None
         if cached is None:
             return 0
-        self._entries.move_to_end(trajectory_id)
+        self._tokens -= len(cached)
         n = len(cached)
         if n <= len(prompt) and prompt[:n] == cached:  # the usual case, a grown context: one copy, not two
             return n
@@ -108,21 +117,31 @@ class _PrefixCache:
             return n
         return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=False)) if a != b)
 
-    def store(self, trajectory_id: str, ids: list[int]) -> None:
+    def store(self, trajectory_id: str, ids: list[int], limit: int) -> None:
+        """Keep `ids` as the trajectory's entry, evicting the least recently used to stay within `limit`."""
         if not trajectory_id:
             return
         old = self._entries.pop(trajectory_id, None)
         self._tokens -= len(old) if old is not None else 0
-        if len(ids) > self.capacity:
+        if len(ids) > limit:
             return
         self._entries[trajectory_id] = ids
         self._tokens += len(ids)
-        while self._tokens > self.capacity:
+        self.fit(limit)
+
+    def fit(self, limit: int) -> None:
+        """Evict the least recently used entries until at most `limit` tokens stay."""
+        while self._entries and self._tokens > limit:
             self._tokens -= len(self._entries.popitem(last=False)[1])
 
     def clear(self) -> None:
         self._entries.clear()
         self._tokens = 0
+
+
+def _need(seq: ModelledSeq) -> int:
+    """KV tokens `seq` holds once admitted: its prompt and every output token it will generate."""
+    return len(seq.request.prompt_ids) + seq.target
 
 
 def clock() -> float:
@@ -189,7 +208,7 @@ class ModelledBackend(GenerationBackend):
         *,
         mfu: float = 1.0,
         mbu: float = 1.0,
-        cache_tokens: int | None = None,
+        kv_tokens: int | None = None,
         token_id: int = 0,
         min_sleep_s: float = 1e-3,
     ) -> None:
@@ -203,13 +222,16 @@ class ModelledBackend(GenerationBackend):
         self.time_scale, self.max_batch = time_scale, max_batch
         self.mfu, self.mbu, self.token_id = mfu, mbu, token_id
         self.version = 0
-        capacity = kv_capacity_tokens(model, device, tp) if cache_tokens is None else cache_tokens
-        self._cache = _PrefixCache(capacity) if prefix_cache else None
+        self.kv_tokens = kv_capacity_tokens(model, device, tp) if kv_tokens is None else kv_tokens
+        self._reserved = 0  # KV tokens the admitted requests hold or will hold: prompts + outputs
+        self._holders = 0  # admitted requests, within max_batch
+        self._cache = _PrefixCache() if prefix_cache else None
         self._output_tokens = output_tokens
         self._seed = seed
         self._pacer = Pacer(time_scale, min_sleep_s)
         self._inflight: dict[str, ModelledSeq] = {}
-        self._waiting: deque[ModelledSeq] = deque()
+        self._waiting: deque[ModelledSeq] = deque()  # waiting for KV memory
+        self._ready: list[ModelledSeq] = []  # admitted, to join the decode batch at the next iteration
         self._running: dict[str, ModelledSeq] = {}
         self._finishing: list[tuple[int, int, ModelledSeq]] = []  # heap of (finish step, tie-break, seq)
         self._order = itertools.count()
@@ -287,23 +309,52 @@ class ModelledBackend(GenerationBackend):
         return min(n, cap)
 
     def _submit(self, seq: ModelledSeq) -> None:
-        """Queue for admission to the batch (PD first sends it through its prefill stage)."""
+        """Queue for admission: KV memory and a batch slot (module doc)."""
         self._waiting.append(seq)
         self._ensure_loop()
+
+    def _start(self, seq: ModelledSeq) -> None:
+        """An admitted `seq` joins the batch at the next iteration, which prefills it (PD: its stage does)."""
+        self._ready.append(seq)
+
+    def _has_batch(self) -> bool:
+        """Admit waiting requests in order while KV memory and batch slots last (a request bigger than
+        memory only when nothing else holds any), then say whether there is a batch to run."""
+        while self._waiting:
+            seq = self._waiting[0]
+            if not seq.finish_reason:  # else aborted while waiting: dropped here
+                full = self._reserved and self._reserved + _need(seq) > self.kv_tokens
+                if full or self._holders >= self.max_batch:
+                    break
+                self._lookup(seq)  # its cached prefix becomes part of its reservation
+                seq.reserved = True
+                self._holders += 1
+                self._reserved += _need(seq)
+                if self._cache is not None:  # the cache lives in the memory the admitted ones leave free
+                    self._cache.fit(self.kv_tokens - self._reserved)
+                self._start(seq)
+            self._waiting.popleft()
+        return bool(self._running or self._ready)
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run())
 
-    def _prefill_cost(self, tokens: int) -> float:
-        """Modelled seconds to (re)compute the KV of `tokens` tokens for the decode batch."""
-        return prefill_s(self.model, self.device, tokens, self.tp, mfu=self.mfu)
+    def _prefill_cost(self, tokens: int, pairs: int, longest: int) -> float:
+        """Modelled seconds to (re)compute the KV of `tokens` tokens for the decode batch, whose attention
+        spans `pairs` (query, key) pairs, `longest` of them one request's: one prefill forward pass that
+        stalls the decode batch."""
+        if not tokens:
+            return 0.0
+        return prefill_only_s(
+            self.model, self.device, tokens, self.tp, pairs=pairs, longest=longest, mfu=self.mfu, mbu=self.mbu
+        )
 
     async def _run(self) -> None:
         try:
-            while self._waiting or self._running:
+            while self._has_batch():
                 done: list[ModelledSeq] = []
-                while (self._waiting or self._running) and not self._pacer.due:
+                while not self._pacer.due and self._has_batch():
                     done += self._iterate()
                 await self._pacer.pay()
                 for seq in done:
@@ -318,16 +369,24 @@ class ModelledBackend(GenerationBackend):
             self._pacer.reset()
 
     def _iterate(self) -> list[ModelledSeq]:
-        """Admit and prefill, then decode steps of the batch up to the next finish (or the sleep budget)."""
-        prefill = self._context if self._stale else 0
+        """Prefill the admitted, then decode steps of the batch to the next finish (or the sleep budget)."""
+        each: list[int] = []  # (query, key) pairs of each request prefilled here
+        prefill = 0
+        if self._stale:  # new weights: every running context is computed again
+            contexts = [len(s.request.prompt_ids) + self._step - s.start_step for s in self._running.values()]
+            prefill, each = self._context, [attention_pairs(n) for n in contexts]
         self._counters.recomputed_tokens += prefill
         self._stale = False
         now = clock()
-        while self._waiting and len(self._running) < self.max_batch:
-            seq = self._waiting.popleft()
-            if not seq.finish_reason:  # else aborted while waiting
-                prefill += self._admit(seq, now)
-        cost = self._prefill_cost(prefill)
+        for seq in self._ready:
+            if seq.finish_reason:  # aborted since its admission
+                continue
+            self._join(seq, now)
+            if not seq.prefilled:
+                prefill += seq.prefill_tokens
+                each.append(attention_pairs(seq.prefill_tokens, seq.cached_tokens))
+        self._ready.clear()
+        cost = self._prefill_cost(prefill, sum(each), max(each, default=0))
         while self._finishing and self._finishing[0][2].finish_reason:  # aborted while running
             heapq.heappop(self._finishing)
         if self._running:
@@ -352,24 +411,27 @@ class ModelledBackend(GenerationBackend):
                 done.append(seq)
         return done
 
-    def _lookup(self, seq: ModelledSeq) -> int:
-        """Split the prompt into cached and to-be-prefilled tokens; return the latter."""
+    def _lookup(self, seq: ModelledSeq) -> None:
+        """Split the prompt into cached and to-be-prefilled tokens."""
         prompt = seq.request.prompt_ids
-        cached = self._cache.hit(seq.request.trajectory_id, prompt) if self._cache is not None else 0
+        cached = self._cache.take(seq.request.trajectory_id, prompt) if self._cache is not None else 0
         seq.cached_tokens, seq.prefill_tokens = cached, len(prompt) - cached
         self._counters.cached_tokens += cached
         self._counters.prefill_tokens += seq.prefill_tokens
-        return seq.prefill_tokens
 
-    def _admit(self, seq: ModelledSeq, now: float) -> int:
-        """Put `seq` in the decode batch; return the prompt tokens to prefill on this device."""
-        to_prefill = 0 if seq.prefilled else self._lookup(seq)
+    def _join(self, seq: ModelledSeq, now: float) -> None:
+        """Put an admitted `seq` in the decode batch."""
         seq.admitted, seq.version = now, self.version
         seq.start_step, seq.started_s = self._step, self._busy_s
         self._running[seq.request.request_id] = seq
         self._context += len(seq.request.prompt_ids)
         heapq.heappush(self._finishing, (self._step + seq.target, next(self._order), seq))
-        return to_prefill
+
+    def _release(self, seq: ModelledSeq) -> None:
+        """`seq` gives back its KV memory and batch slot."""
+        seq.reserved = False
+        self._holders -= 1
+        self._reserved -= _need(seq)
 
     def _leave(self, seq: ModelledSeq, reason: str) -> None:
         """Take a running `seq` out of the batch; its KV (prompt + output) goes to the prefix cache."""
@@ -378,12 +440,12 @@ class ModelledBackend(GenerationBackend):
         seq.modelled_s = self._busy_s - seq.started_s
         seq.finish_reason = reason
         self._context -= len(seq.request.prompt_ids) + seq.generated
+        self._release(seq)
         self._counters.generated_tokens += seq.generated
         self._counters.finished += reason != "abort"
         if self._cache is not None:
-            self._cache.store(
-                seq.request.trajectory_id, seq.request.prompt_ids + [self.token_id] * seq.generated
-            )
+            ids = seq.request.prompt_ids + [self.token_id] * seq.generated
+            self._cache.store(seq.request.trajectory_id, ids, self.kv_tokens - self._reserved)
 
     def _drop(self, seq: ModelledSeq) -> None:
         """Abort `seq` wherever it is; a finished one waiting for its pacing sleep is left alone."""
@@ -391,6 +453,8 @@ class ModelledBackend(GenerationBackend):
             return
         if seq.request.request_id in self._running:
             self._leave(seq, "abort")
+        elif seq.reserved:  # admitted, not yet in the batch (PD: in its prefill stage)
+            self._release(seq)
         seq.finish_reason = "abort"  # queued seqs are skipped when their stage reaches them
         self._counters.aborted += 1
         self._resolve(seq)

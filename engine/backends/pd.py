@@ -3,15 +3,20 @@
 A `PrefillStage` is the prefill side: `tp` devices acting as one prefill engine, shared by every decode
 engine it feeds — `xPyD` is one stage of x devices and y `PDBackend` decode engines. Each round it takes
 every request queued at that moment as one batch, charges its prefill on the stage's devices
-(`prefill_only_s`: compute-bound, but at least one read of the weights the batch touches, since nothing else
-on that device reads them) and then ships the KV of the prefilled tokens to the decode side
-(`kv_transfer_s` over `link_bytes_per_s`, one after the other: no overlap of compute and transfer), and hands
-each request to its decode engine, which only decodes. The default link is one 400 Gb/s RDMA NIC on the
-prefill side (an assumption: prefill and decode pools are different machines, so NVLink does not apply).
+(`prefill_only_s`, the same forward pass a colocated engine runs: weight GEMMs, at least one read of the
+weights the batch touches, plus attention over each prompt's cached prefix) and then ships the KV of the
+prefilled tokens to the decode side (`kv_transfer_s` over `link_bytes_per_s`, one after the other: no
+overlap of compute and transfer), and hands each request to its decode engine, which only decodes (and
+admits it when its KV memory has room: `engine.backends.modelled`). The default link is one 400 Gb/s RDMA
+NIC on the prefill side (an assumption: prefill and decode pools are different machines, so NVLink does
+not apply).
 
 The prefix cache stays per trajectory on the decode engine (it keeps the KV of earlier turns), so only the
-uncached tokens are prefilled and shipped. KV recomputed after new weights is prefilled and shipped the same
-way and stalls that decode engine's batch meanwhile.
+uncached tokens are prefilled and shipped. Their attention needs the cached prefix's KV, which the stage
+reads for free, as if it kept a copy (a Mooncake-style KV pool with free reads): optimistic for PD, since
+fetching it over the NIC would cost ~46 ms for a 40k-token Qwen2.5-7B context. The stage's own KV memory
+is not bounded. KV recomputed after new weights is prefilled and shipped the same way and stalls that
+decode engine's batch meanwhile.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections import deque
 from typing import Any
 
 from engine.backends.modelled import ModelledBackend, ModelledSeq, Pacer, clock
-from engine.devices import DeviceProfile, ModelProfile, kv_transfer_s, prefill_only_s
+from engine.devices import DeviceProfile, ModelProfile, attention_pairs, kv_transfer_s, prefill_only_s
 
 NIC_BYTES_PER_S = 400e9 / 8  # one 400 Gb/s RDMA NIC
 
@@ -55,11 +60,14 @@ class PrefillStage:
         self._task: asyncio.Task[None] | None = None
         self._created = clock()
 
-    def cost(self, tokens: int) -> float:
-        """Modelled seconds to prefill `tokens` tokens here and ship their KV; counted as work done."""
+    def cost(self, tokens: int, pairs: int, longest: int) -> float:
+        """Modelled seconds to prefill `tokens` tokens here, whose attention spans `pairs` (query, key)
+        pairs (`longest` of them one request's), and ship their KV; counted as work done."""
         if tokens <= 0:
             return 0.0
-        compute = prefill_only_s(self.model, self.device, tokens, self.tp, mfu=self.mfu, mbu=self.mbu)
+        compute = prefill_only_s(
+            self.model, self.device, tokens, self.tp, pairs=pairs, longest=longest, mfu=self.mfu, mbu=self.mbu
+        )
         transfer = kv_transfer_s(self.model, tokens, self.link_bytes_per_s)
         self.busy_s += compute
         self.transfer_s += transfer
@@ -89,7 +97,9 @@ class PrefillStage:
                 batch = [(s, e) for s, e in self._queue if not s.finish_reason]
                 self._queue.clear()
                 self.batches += bool(batch)
-                self._pacer.owe(self.cost(sum(e._lookup(s) for s, e in batch)))
+                tokens = sum(s.prefill_tokens for s, _ in batch)  # its decode engine looked up its cache
+                each = [attention_pairs(s.prefill_tokens, s.cached_tokens) for s, _ in batch]
+                self._pacer.owe(self.cost(tokens, sum(each), max(each, default=0)))
                 await self._pacer.pay()
                 for seq, engine in batch:
                     if not seq.finish_reason:  # else aborted while being prefilled
@@ -128,14 +138,16 @@ class PDBackend(ModelledBackend):
         await super().close()
         await self.stage.close()
 
-    def _submit(self, seq: ModelledSeq) -> None:
+    def _start(self, seq: ModelledSeq) -> None:
+        """Admitted here (KV memory reserved, as an SGLang decode server preallocates before the transfer):
+        the stage prefills it."""
         self.stage.submit(seq, self)
 
     def _receive(self, seq: ModelledSeq) -> None:
-        """The stage prefilled `seq` and shipped its KV: it joins this engine's decode queue."""
+        """The stage prefilled `seq` and shipped its KV: it joins this engine's decode batch."""
         seq.prefilled = True
-        self._waiting.append(seq)
+        self._ready.append(seq)
         self._ensure_loop()
 
-    def _prefill_cost(self, tokens: int) -> float:
-        return self.stage.cost(tokens)
+    def _prefill_cost(self, tokens: int, pairs: int, longest: int) -> float:
+        return self.stage.cost(tokens, pairs, longest)

@@ -2,7 +2,7 @@
 
 import argparse
 
-from bench.pd import run
+from bench.pd import QUICK, run, slots
 
 
 def test_pd_configs_move_prefill_to_the_stage_and_ship_kv(tmp_path) -> None:
@@ -25,3 +25,11 @@ def test_pd_configs_move_prefill_to_the_stage_and_ship_kv(tmp_path) -> None:
     # the MoE's KV is 96 KiB a token against the dense model's 56 KiB: more to ship for the same prompts
     assert rows["moe", "1P3D"]["kv_transfer_s"] > 1.3 * rows["dense", "1P3D"]["kv_transfer_s"]
     assert (tmp_path / "pd.png").stat().st_size > 0 and "MoE 1.11–1.21x" in payload["note"]
+
+
+def test_moe_engines_span_their_gpus_dense_ones_do_not() -> None:
+    moe = [slot.target for slot in slots(QUICK, "qwen3-30b-a3b", "1P3D", 1.0)]
+    assert [(e.tp, e.stage.tp) for e in moe] == [(3, 1)]  # one expert-parallel decode engine over 3 GPUs
+    assert [e.tp for e in (slot.target for slot in slots(QUICK, "qwen3-30b-a3b", "colocated", 1.0))] == [4]
+    dense = [slot.target for slot in slots(QUICK, "qwen2.5-7b", "2P2D", 1.0)]
+    assert [(e.tp, e.stage.tp) for e in dense] == [(1, 2), (1, 2)]

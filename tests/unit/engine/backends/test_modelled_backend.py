@@ -9,7 +9,14 @@ import time
 import pytest
 
 from engine.backends.modelled import LOGPROB, ModelledBackend
-from engine.devices import ModelProfile, decode_step_s, get_device, get_model, prefill_s
+from engine.devices import (
+    ModelProfile,
+    attention_pairs,
+    decode_step_s,
+    get_device,
+    get_model,
+    prefill_only_s,
+)
 from engine.types import GenRequest, SamplingParams
 
 QWEN7B = get_model("qwen2.5-7b")  # ~4.5 ms per decode step on an H800 (15.2 GB of weights / 3.35 TB/s)
@@ -22,10 +29,12 @@ def request(rid: str, prompt: list[int] | int, max_tokens: int, trajectory: str 
 
 
 def modelled_alone(prompt: int, out: int, device: str = "H800", prefilled: int | None = None) -> float:
-    """Hand model of one request alone in the engine: its prefill, then `out` decode steps of batch 1."""
+    """Hand model of one request alone in the engine: a prefill pass over its uncached tokens (attending
+    to the cached ones), then `out` decode steps of batch 1."""
     d = get_device(device)
     steps = sum(decode_step_s(QWEN7B, d, prompt + i) for i in range(out))
-    return prefill_s(QWEN7B, d, prompt if prefilled is None else prefilled) + steps
+    new = prompt if prefilled is None else prefilled
+    return prefill_only_s(QWEN7B, d, new, pairs=attention_pairs(new, prompt - new)) + steps
 
 
 async def timed(backend: ModelledBackend, *reqs: GenRequest) -> float:
@@ -39,7 +48,7 @@ async def test_one_request_waits_its_modelled_time_scaled() -> None:
     t0 = time.perf_counter()
     out = await backend.generate(request("r", 1000, 60))
     wall = time.perf_counter() - t0
-    expected = modelled_alone(1000, 60)  # 15.4 ms prefill + 60 x 4.56 ms = 0.289 s
+    expected = modelled_alone(1000, 60)  # 15.4 + 0.2 ms (attention) prefill + 60 x 4.56 ms = 0.289 s
     assert out.timings["modelled_s"] == pytest.approx(expected, rel=1e-9)
     assert backend.stats()["busy_s"] == pytest.approx(expected, rel=1e-9)
     assert expected * 0.25 * 0.95 <= wall <= expected * 0.25 * 1.5 + 0.05  # ~72 ms
@@ -56,7 +65,7 @@ async def test_concurrent_requests_share_decode_steps() -> None:
     # All 32 join the first iteration: one prefill of 3200 tokens, then 400 steps reading the weights
     # once and the 32 growing contexts.
     steps = sum(decode_step_s(QWEN7B, H800, 32 * (100 + i), seqs=32) for i in range(400))
-    expected = prefill_s(QWEN7B, H800, 3200) + steps
+    expected = prefill_only_s(QWEN7B, H800, 3200, pairs=32 * attention_pairs(100)) + steps
     assert batched.stats()["busy_s"] == pytest.approx(expected, rel=1e-9)
     assert expected / alone.stats()["busy_s"] == pytest.approx(1.066, abs=0.01)
     assert batched.stats()["decode_steps"] == 400 and batched.stats()["generated_tokens"] == 32 * 400
@@ -66,9 +75,10 @@ async def test_concurrent_requests_share_decode_steps() -> None:
 async def test_full_batch_queues_the_rest() -> None:
     backend = ModelledBackend(QWEN7B, H800, time_scale=0.1, max_batch=2)
     outs = await asyncio.gather(*(backend.generate(request(f"r{i}", 10, 20)) for i in range(4)))
-    wave = prefill_s(QWEN7B, H800, 20) + sum(
-        decode_step_s(QWEN7B, H800, 2 * (10 + i), seqs=2) for i in range(20)
-    )
+    # a 20-token prefill pass is memory-bound: it reads the weights as a decode step does (4.5 ms), plus
+    # attention over 2 x 55 (query, key) pairs
+    prefill = 2 * 7.61e9 / 3.35e12 + 401_408 * 110 / 989e12
+    wave = prefill + sum(decode_step_s(QWEN7B, H800, 2 * (10 + i), seqs=2) for i in range(20))
     assert backend.stats()["busy_s"] == pytest.approx(2 * wave, rel=1e-9)  # two waves of 20 steps
     assert backend.stats()["decode_steps"] == 40
     waited = [o.timings["queue_s"] > 0.5 * outs[0].timings["gen_s"] for o in outs]
@@ -92,10 +102,10 @@ async def test_second_turn_prefills_only_new_tokens() -> None:
     assert (stats["prefill_tokens"], stats["cached_tokens"]) == (100 + 50 + 110 + 50, 110 + 60)
 
 
-async def test_prefix_cache_is_an_lru_bounded_in_tokens() -> None:
-    backend = ModelledBackend(QWEN7B, H800, time_scale=0.01, cache_tokens=150)
+async def test_prefix_cache_is_an_lru_in_the_kv_memory_the_running_batch_leaves() -> None:
+    backend = ModelledBackend(QWEN7B, H800, time_scale=0.01, kv_tokens=150)
     await backend.generate(request("a1", 100, 10, trajectory="a"))  # caches 110 tokens
-    await backend.generate(request("b1", 100, 10, trajectory="b"))  # 220 > 150: evicts a
+    await backend.generate(request("b1", 100, 10, trajectory="b"))  # holds 110 of 150 running: evicts a
     a2 = await backend.generate(request("a2", [*range(1, 101), *[0] * 10], 5, trajectory="a"))
     b2 = await backend.generate(request("b2", [*range(1, 101), *[0] * 10], 5, trajectory="b"))
     assert (a2.timings["cached_tokens"], b2.timings["cached_tokens"]) == (0, 0)  # a2 evicted b in turn
@@ -103,6 +113,33 @@ async def test_prefix_cache_is_an_lru_bounded_in_tokens() -> None:
     await uncached.generate(request("a1", 100, 10, trajectory="a"))
     a2 = await uncached.generate(request("a2", [*range(1, 101), *[0] * 10], 5, trajectory="a"))
     assert a2.timings["cached_tokens"] == 0
+
+
+async def test_kv_memory_bounds_the_running_batch() -> None:
+    # 500 tokens of KV: a request holds its prompt and all its outputs (200 + 100), so a second one waits
+    # for the first to leave, first come first served; one bigger than memory still runs, alone.
+    backend = ModelledBackend(QWEN7B, H800, time_scale=0.01, kv_tokens=500)
+    outs = await asyncio.gather(*(backend.generate(request(f"r{i}", 200, 100)) for i in range(2)))
+    alone = modelled_alone(200, 100)
+    assert backend.stats()["busy_s"] == pytest.approx(2 * alone, rel=1e-9)  # one after the other
+    assert [o.timings["modelled_s"] for o in outs] == pytest.approx([alone, alone], rel=1e-9)
+    assert outs[1].timings["queue_s"] > 0.5 * alone * 0.01  # it waited about the first's time (scaled)
+    roomy = ModelledBackend(QWEN7B, H800, time_scale=0.01, kv_tokens=600)
+    await asyncio.gather(*(roomy.generate(request(f"r{i}", 200, 100)) for i in range(2)))
+    assert roomy.stats()["decode_steps"] == 100  # both in one batch
+    big = await backend.generate(request("big", 600, 10))
+    assert big.finish_reason == "length" and len(big.token_ids) == 10
+
+
+async def test_an_moe_engine_over_two_devices_prefills_a_request_on_one() -> None:
+    moe = get_model("qwen3-30b-a3b")
+    backend = ModelledBackend(moe, H800, tp=2, time_scale=0.01)
+    await backend.generate(request("r", 4000, 10))
+    pairs = attention_pairs(4000)  # 8.0M pairs, all on one device: 6.4 ms, not 3.2
+    steps = sum(decode_step_s(moe, H800, 4000 + i, tp=2) for i in range(10))
+    expected = prefill_only_s(moe, H800, 4000, tp=2, pairs=pairs, longest=pairs) + steps
+    assert backend.stats()["busy_s"] == pytest.approx(expected, rel=1e-9)
+    assert expected - steps > prefill_only_s(moe, H800, 4000, tp=2, pairs=pairs) + 0.003
 
 
 async def test_abort_running_and_waiting_requests() -> None:
@@ -185,7 +222,7 @@ async def test_utilisation_accounting() -> None:
 
 
 async def test_user_errors_are_explained() -> None:
-    big = ModelProfile("dense-70b", 70e9, 70e9, layers=80, kv_heads=8, head_dim=128)
+    big = ModelProfile("dense-70b", 70e9, 70e9, layers=80, kv_heads=8, head_dim=128, heads=64, hidden=8192)
     with pytest.raises(ValueError, match=r"140\.0 GB of weights; 1 x H800 has 80 GB: raise tp"):
         ModelledBackend(big, H800)
     assert ModelledBackend(big, H800, tp=2).stats()["requests"] == 0

@@ -8,7 +8,15 @@ import time
 import pytest
 
 from engine.backends.pd import PDBackend, PrefillStage
-from engine.devices import decode_step_s, get_device, get_model, kv_transfer_s, prefill_only_s, prefill_s
+from engine.devices import (
+    attention_pairs,
+    decode_step_s,
+    get_device,
+    get_model,
+    kv_transfer_s,
+    prefill_only_s,
+    prefill_s,
+)
 from engine.types import GenRequest, SamplingParams
 
 QWEN7B, MOE = get_model("qwen2.5-7b"), get_model("qwen3-30b-a3b")
@@ -26,7 +34,9 @@ async def test_prefills_on_one_device_ships_kv_and_decodes_on_another() -> None:
     t0 = time.perf_counter()
     out = await backend.generate(request("r", 2000, 40, trajectory="traj"))
     wall = time.perf_counter() - t0
-    prefill = prefill_s(QWEN7B, H800, 2000)  # 30.8 ms (compute-bound: above the 4.5 ms weight read)
+    # 30.8 ms of GEMMs (compute-bound: above the 4.5 ms weight read) + 0.8 ms of attention over 2.0M pairs
+    prefill = prefill_s(QWEN7B, H800, 2000, pairs=attention_pairs(2000))
+    assert prefill == pytest.approx(prefill_only_s(QWEN7B, H800, 2000, pairs=2001000))
     transfer = kv_transfer_s(QWEN7B, 2000, 50e9)  # 2.29 ms over one 400 Gb/s NIC
     decode = sum(decode_step_s(QWEN7B, H20, 2000 + i) for i in range(40))  # 40 x 3.83 ms
     stats = backend.stats()
@@ -52,13 +62,25 @@ async def test_one_stage_feeds_several_decode_engines_in_shared_batches() -> Non
     # All six arrive before the stage's first round: one batch of 1800 tokens. An MoE prefill batch that
     # small reads ~all experts (61 GB) and is memory-bound: 18.2 ms, not its 12 ms of compute.
     assert stage.batches == 1
-    assert stage.busy_s == pytest.approx(prefill_only_s(MOE, H800, 1800), rel=1e-9)
+    expected = prefill_only_s(MOE, H800, 1800, pairs=6 * attention_pairs(300))
+    assert stage.busy_s == pytest.approx(expected, rel=1e-9)
     assert stage.busy_s > prefill_s(MOE, H800, 1800) * 1.4
     for engine in engines:  # each decode engine ran its two sequences for 20 steps
         two = sum(decode_step_s(MOE, H800, 2 * (300 + i), seqs=2) for i in range(20))
         assert engine.stats()["busy_s"] == pytest.approx(two, rel=1e-9)
         assert engine.stats()["prefill_batches"] == 1  # the shared stage's counters
     await asyncio.gather(*(e.close() for e in engines))
+
+
+async def test_the_decode_engine_reserves_kv_memory_before_the_stage_prefills() -> None:
+    # 500 tokens of decode KV, requests of 200 + 100: the second is prefilled only once the first left
+    stage = PrefillStage(QWEN7B, H800, time_scale=0.01)
+    backend = PDBackend(QWEN7B, stage, H800, time_scale=0.01, kv_tokens=500)
+    outs = await asyncio.gather(*(backend.generate(request(f"r{i}", 200, 100)) for i in range(2)))
+    assert stage.batches == 2 and backend.stats()["decode_steps"] == 200
+    alone = sum(decode_step_s(QWEN7B, H800, 200 + i) for i in range(100))
+    assert [o.timings["modelled_s"] for o in outs] == pytest.approx([alone, alone], rel=1e-9)
+    assert stage.busy_s == pytest.approx(2 * prefill_only_s(QWEN7B, H800, 200, pairs=attention_pairs(200)))
 
 
 async def test_abort_while_being_prefilled_never_reaches_decode() -> None:
