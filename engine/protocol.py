@@ -59,7 +59,7 @@ class IterationProtocol:
         version = await acall(self.c.trainer, "version")
         await self._publish_and_prefetch()
         await self._apply(version)
-        await acall(self.c.rollout, "advance", version, version)
+        await acall(self.c.rollout, "advance", version)
         await acall(self.c.rollout, "start")
         if self.waves:
             await acall(self.c.rollout, "release_wave", 1)
@@ -115,7 +115,7 @@ class IterationProtocol:
 
         async def sync_weights() -> dict[str, float]:  # suspend -> update -> resume, then the bound
             out = await self._apply(version)
-            await acall(self.c.rollout, "advance", version, version)
+            await acall(self.c.rollout, "advance", version)
             if self.mode == "one-off":
                 await acall(self.c.rollout, "release_wave", 1)  # the next batch is made during training
             return out

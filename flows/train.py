@@ -208,7 +208,8 @@ def _summary(
     exp: Experiment, first: int, last: int, before: dict, after: dict, wall_s: float, restored: dict
 ) -> dict[str, Any]:
     rows = exp.store.steps(exp.run_id)
-    overhead = [r["metrics"]["flow_overhead_frac"] for r in rows if "flow_overhead_frac" in r["metrics"]]
+    timed = [r["metrics"] for r in rows if "flow_overhead_frac" in r["metrics"]]
+    overhead = [m["flow_overhead_frac"] for m in timed]
     summary = {
         "steps": last,
         "steps_this_run": last - first,
@@ -223,6 +224,7 @@ def _summary(
             for name, res in after.items()
         },
         "flow_overhead_frac_mean": sum(overhead) / len(overhead) if overhead else None,
+        "flow_overhead_s_mean": sum(m["flow_overhead_s"] for m in timed) / len(timed) if timed else None,
         "resumed": restored,  # step 0, or the checkpoint and the state hashes the run restarted from
     }
     Path(exp.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

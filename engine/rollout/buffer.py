@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.types import Group, Trajectory, TrajStatus
@@ -31,6 +32,7 @@ class BufferStats:
     put: int = 0
     groups_completed: int = 0
     groups_returned: int = 0
+    complete_groups_evicted: int = 0  # complete groups evicted as stale: never trained
     evicted: Counter[str] = field(default_factory=Counter)  # trajectories evicted, by reason
 
     def as_dict(self) -> dict[str, int]:
@@ -38,6 +40,7 @@ class BufferStats:
             "buffer_put": self.put,
             "buffer_groups_completed": self.groups_completed,
             "buffer_groups_returned": self.groups_returned,
+            "buffer_complete_groups_evicted": self.complete_groups_evicted,
             **{f"buffer_evicted_{k}": v for k, v in self.evicted.items()},
         }
 
@@ -55,6 +58,8 @@ class SampleBuffer:
         self._groups: dict[str, Group] = {}
         self._closed: set[str] = set()  # dropped groups: late members are refused
         self._changed = asyncio.Condition()
+        # told whenever groups leave (taken by a batch or evicted): the scheduler's admission gate
+        self.on_release: Callable[[], None] = lambda: None
 
     # -- state -------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -123,8 +128,11 @@ class SampleBuffer:
             if group.members and not self._fresh(group, version):
                 n += len(group.members)
                 self.stats.evicted["stale"] += len(group.members)
+                self.stats.complete_groups_evicted += int(group.complete)
                 del self._groups[gid]
                 self._closed.add(gid)
+        if n:
+            self.on_release()
         return n
 
     # -- the consumer ------------------------------------------------------------------------------
@@ -149,4 +157,5 @@ class SampleBuffer:
                 self._closed.add(g.group_id)  # a late (redundant) member must not start it again
             self.stats.groups_returned += len(batch)
             self._changed.notify_all()
-            return batch
+        self.on_release()
+        return batch

@@ -9,8 +9,9 @@ once when it ends (`trajectories_<status>`, failures also as `member_failed_<rea
 before it ran or while being scored included, so after `run()` returns started == ended: nothing is lost.
 
 The staleness policy is applied at every version bump (`advance`): in-flight trajectories that
-started too long ago are aborted, and the buffer evicts old groups; in `areal` mode new groups are
-only admitted while the rollout is at most α versions ahead of the trainer.
+started too long ago are aborted, and the buffer evicts old groups; in the continuous modes (`areal`,
+`rollart`) new groups are only admitted while fewer than α + 1 batches' worth are live (started, and
+not yet taken by the trainer or given up).
 """
 
 from __future__ import annotations
@@ -109,7 +110,6 @@ class RolloutScheduler:
         self._wave_permits: int | None = 0 if gated_waves else None
         self.rng = random.Random(seed)
         self.version = 0  # serving version (set by advance)
-        self.trainer_version = 0
         self.counts: Counter[str] = Counter()
         self.finished: deque[Trajectory] = deque(maxlen=100_000)  # ended trajectories, drained for metrics
         self._slots = asyncio.Semaphore(concurrency)
@@ -118,6 +118,7 @@ class RolloutScheduler:
         self._members: set[asyncio.Task[None]] = set()  # every member task not yet ended
         self._next_group = 0
         self._wake = asyncio.Event()
+        buffer.on_release = self._wake.set  # groups taken or evicted free admission places
         self._stop = asyncio.Event()
 
     # -- control -----------------------------------------------------------------------------------
@@ -159,10 +160,9 @@ class RolloutScheduler:
         self.finished.clear()
         return out
 
-    async def advance(self, version: int, trainer_version: int | None = None) -> int:
+    async def advance(self, version: int) -> int:
         """The serving version is now `version`: abort stale in-flight members, evict stale groups."""
         self.version = version
-        self.trainer_version = version if trainer_version is None else trainer_version
         aborted = 0
         for g in list(self._groups.values()):
             for traj_id, task in list(g.running.items()):
@@ -189,17 +189,20 @@ class RolloutScheduler:
                     if self._wave_permits is not None:
                         self._wave_permits -= 1
                     return self._new_wave()
-            elif self.policy.may_start(self._admitted(), self.trainer_version, self.batch_groups):
+            elif self.policy.may_start(self._live_groups(), self.batch_groups):
                 return self._new_group()
             self._wake.clear()
             await self._wake.wait()
         return None
 
-    def _admitted(self) -> int:
-        """Groups started that may still reach the trainer: a dropped group gives its admission back,
-        or an admission budget spent on groups that never arrive would leave the trainer waiting forever."""
+    def _live_groups(self) -> int:
+        """Groups started that may still reach the trainer and have not yet: not taken by a batch, not
+        dropped, not evicted from the buffer as stale. Counting what left (rather than versions) keeps
+        the gate right after a resume, and a group that will never arrive gives its place back, or
+        the trainer would wait forever."""
         dropped = sum(v for k, v in self.counts.items() if k.startswith("groups_dropped_"))
-        return self._next_group - dropped
+        gone = dropped + self.buffer.stats.complete_groups_evicted + self.buffer.stats.groups_returned
+        return self._next_group - gone
 
     def _new_group(self) -> _GroupRun:
         task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]

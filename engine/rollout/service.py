@@ -110,8 +110,8 @@ class RolloutService:
         self._runner.result()  # re-raises if the scheduler crashed
         raise RuntimeError(f"rollout stopped: {self.scheduler.fatal or 'the scheduler ended'}")
 
-    async def advance(self, version: int, trainer_version: int | None = None) -> int:
-        return await self.scheduler.advance(version, trainer_version)
+    async def advance(self, version: int) -> int:
+        return await self.scheduler.advance(version)
 
     def release_wave(self, n: int = 1) -> None:
         self.scheduler.release_wave(n)

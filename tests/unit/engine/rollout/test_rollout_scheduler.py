@@ -2,6 +2,8 @@ import asyncio
 import time
 from collections import Counter
 
+import pytest
+
 from engine.envs.base import Env, EnvStep
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
@@ -77,6 +79,15 @@ async def run_until(s, cond, timeout=5.0):
     await asyncio.wait_for(runner, 5)
 
 
+async def settled_starts(s, complete: int) -> int:
+    """Groups started once `complete` groups have completed and the scheduler had time to start more."""
+    async with asyncio.timeout(2):
+        while s.counts["groups_complete"] < complete:
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    return s.counts["groups_started"]
+
+
 async def test_redundant_members_first_g_kept_rest_cancelled():
     delays = lambda i: [0.01, 0.02, 0.03, 0.04, 2.0, 2.0][i] if i < 6 else 2.0  # noqa: E731
     s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
@@ -115,7 +126,7 @@ async def test_group_that_cannot_be_completed_is_dropped_whole():
 
 async def test_concurrency_bound_is_kept_and_filled():
     OneStep.peak = OneStep.alive = 0
-    s, *_ = scheduler(lambda i: 0.005, tasks=[task(group_size=2)], concurrency=3)
+    s, *_ = scheduler(lambda i: 0.005, tasks=[task(group_size=2)], concurrency=3, batch_groups=10)
     await run_until(s, lambda: s.counts["groups_complete"] >= 10)
     assert OneStep.peak == 3 and OneStep.alive == 0
 
@@ -141,20 +152,18 @@ async def test_version_bump_aborts_stale_in_flight_members_and_drops_their_group
     assert s.counts["groups_dropped_stale"] == 1 and s.counts["aborted_stale_in_flight"] == 2
 
 
-async def test_areal_admits_groups_only_within_alpha_of_the_trainer():
-    s, *_ = scheduler(
-        lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, mode="areal", alpha=1, batch_groups=1
+@pytest.mark.parametrize("mode", ["areal", "rollart"])
+async def test_admits_groups_only_within_alpha_plus_one_batches_of_the_trainer(mode):
+    s, buf, *_ = scheduler(
+        lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, mode=mode, alpha=1, batch_groups=1
     )
     runner = asyncio.ensure_future(s.run())
-    while s.counts["groups_complete"] < 2:
-        await asyncio.sleep(0.005)
+    assert await settled_starts(s, 2) == 2  # (alpha 1 + 1) * 1 group live, none trained
+    await s.advance(1)  # a version bump alone opens nothing: no group left
     await asyncio.sleep(0.05)
-    assert s.counts["groups_started"] == 2  # (trainer v0 + alpha 1 + 1) * 1 group
-    await s.advance(1)
-    while s.counts["groups_started"] < 3:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.05)
-    assert s.counts["groups_started"] == 3
+    assert s.counts["groups_started"] == 2
+    await buf.get_batch(1, current_version=1)  # the trainer takes one: one more may start
+    assert await settled_starts(s, 3) == 3
     s.stop()
     await runner
 
@@ -172,6 +181,39 @@ async def test_areal_admission_is_given_back_by_a_dropped_group():
     )
     await run_until(s, lambda: s.counts["groups_complete"] >= 1)  # would wait forever without the refund
     assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_started"] == 2
+
+
+async def test_admission_after_a_resume_is_alpha_plus_one_batches_whatever_the_version():
+    s, *_ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1, version=7)
+    await s.advance(7)  # resumed at v7: as at v0, α = 1 lets two groups start, not nine
+    runner = asyncio.ensure_future(s.run())
+    assert await settled_starts(s, 2) == 2
+    s.stop()
+    await runner
+
+
+async def test_rollart_admission_is_given_back_by_a_group_the_buffer_evicted_as_stale():
+    s, buf, *_ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1)
+    runner = asyncio.ensure_future(s.run())
+    assert await settled_starts(s, 2) == 2  # both live, complete in the buffer
+    # No trainer took them; at v2 both v0 groups are stale and evicted: they give their places back.
+    await s.advance(2)
+    assert buf.stats.complete_groups_evicted == 2
+    assert await settled_starts(s, 4) == 4
+    s.stop()
+    await runner
+
+
+async def test_groups_evicted_while_the_trainer_waits_for_a_batch_free_their_places():
+    s, buf, gen, _ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1)
+    runner = asyncio.ensure_future(s.run())
+    assert await settled_starts(s, 2) == 2  # the places are full: two complete v0 groups in the buffer
+    gen.version = 2  # the engines serve v2 (no advance reaches the scheduler)
+    # the trainer at v2 evicts both as stale while it waits; only their freed places let new groups start
+    [group] = await asyncio.wait_for(buf.get_batch(1, current_version=2), 2)
+    assert group.start_version == 2 and buf.stats.complete_groups_evicted == 2
+    s.stop()
+    await runner
 
 
 def test_tasks_are_sampled_by_weight():

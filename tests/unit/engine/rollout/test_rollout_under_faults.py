@@ -36,6 +36,7 @@ async def collect(faults: FaultsConfig, groups: int, redundancy: int = 0, reward
         StalenessPolicy("rollart", 1),
         concurrency=8,
         redundancy=redundancy,
+        batch_groups=groups,  # no trainer bumps the version here: admit every group the test takes
     )
     runner = asyncio.ensure_future(s.run())
     batch = []
