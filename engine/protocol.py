@@ -66,11 +66,12 @@ class IterationProtocol:
         return version
 
     async def _publish_and_prefetch(self) -> dict[str, float]:
+        """Workers start pulling the trainer's version first, so each bucket is read as soon as it lands."""
         if not self.c.weights_via_store:
             return {}
-        pub = await acall(self.c.trainer, "publish")
         version = await acall(self.c.trainer, "version")
         await asyncio.gather(*(_on_worker(w, "prefetch", version) for w in self.c.gen_workers))
+        pub = await acall(self.c.trainer, "publish")
         return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
 
     async def _apply(self, version: int) -> dict[str, float]:

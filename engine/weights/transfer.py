@@ -5,8 +5,14 @@ worker pulls the next version while it still serves the current one, so when `up
 tensors are already local and only the in-place load is on the critical path. `exposed_s` measures
 how much of the pull the caller still waited for.
 
-Store layout per run: `{run}/v{version}/bucket{i}` and `{run}/v{version}/manifest`. The manifest is
-written last, so its presence means the version is complete. Zero-byte buckets are not stored.
+The transfer is streamed bucket by bucket: the manifest (names, shapes, offsets, bucket sizes — all
+known before any byte moves) is written first, then the buckets in order, and a prefetch may start
+before the publish does: it waits for the manifest, then reads each bucket as soon as it lands, so the
+pull overlaps the push instead of following it. A version is complete once all the buckets its
+manifest lists are there.
+
+Store layout per run: `{run}/v{version}/manifest` and `{run}/v{version}/bucket{i}`. Zero-byte buckets
+are not stored. A retried publish of a version first removes what an earlier attempt left of it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from engine.weights.buckets import Manifest, make_buckets, unpack
-from infra.weightstore.base import MissingKeyError, WeightStore
+from infra.weightstore.base import Buffer, MissingKeyError, WeightStore
 
 
 def version_prefix(run_id: str, version: int) -> str:
@@ -46,19 +52,15 @@ class WeightPublisher:
     def publish(
         self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
     ) -> dict[str, float]:
-        """Push `version`; return timings {pack_s, push_s, bytes, buckets}.
-
-        A stale manifest of the same version (a retried publish) is removed first, so no reader can
-        pair it with half-written new buckets.
-        """
+        """Push `version`, manifest first, buckets in order. Returns {pack_s, push_s, bytes, buckets}."""
         t0 = time.perf_counter()
         manifest, buckets = make_buckets(state_dict, bucket_bytes, version)
         t1 = time.perf_counter()
-        self.store.delete([manifest_key(self.run_id, version)])
+        self.store.delete_prefix(version_prefix(self.run_id, version))  # a retried publish starts clean
+        self.store.put(manifest_key(self.run_id, version), manifest.to_json().encode())
         for i, data in enumerate(buckets):
             if data.nbytes:
                 self.store.put(bucket_key(self.run_id, version, i), data)
-        self.store.put(manifest_key(self.run_id, version), manifest.to_json().encode())
         t2 = time.perf_counter()
         self._versions.add(version)
         for old in sorted(v for v in self._versions if v <= version - self.keep_last):
@@ -76,11 +78,15 @@ class WeightPrefetcher:
     """Worker side: `start(v)` pulls version v on a background thread; `wait(v)` hands over the tensors.
 
     One pull runs at a time (they would only compete for the same link). `wait(v)` also drops any
-    older version that was started but never collected.
+    older version that was started but never collected. A pull may start before its version is
+    published: it waits up to `publish_timeout_s` for the manifest and for each bucket to land.
     """
 
-    def __init__(self, store: WeightStore, run_id: str) -> None:
+    POLL_S = (0.001, 0.02)  # first and longest pause between looks for a key not written yet
+
+    def __init__(self, store: WeightStore, run_id: str, publish_timeout_s: float = 120.0) -> None:
         self.store, self.run_id = store, run_id
+        self.publish_timeout_s = publish_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch")
         self._pulls: dict[int, Future[tuple[dict[str, torch.Tensor], dict[str, float]]]] = {}
         self._lock = threading.Lock()
@@ -119,20 +125,43 @@ class WeightPrefetcher:
         return tensors, {**timings, "exposed_s": exposed}
 
     def _pull(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Read the manifest, then every bucket as it lands. `pull_s` counts the reading, not the waits
+        for the publisher (`publish_wait_s`): with the push it is the transfer's cost."""
         t0 = time.perf_counter()
-        try:
-            raw = self.store.get(manifest_key(self.run_id, version))
-        except MissingKeyError as e:
-            raise MissingKeyError(f"weights v{version} of run {self.run_id!r} are not published: {e}") from e
-        manifest = Manifest.from_json(raw)
+        deadline = t0 + self.publish_timeout_s
+        waited = self._await_key(manifest_key(self.run_id, version), version, deadline)
+        manifest = Manifest.from_json(self.store.get(manifest_key(self.run_id, version)))
         if manifest.version != version:
             raise ValueError(f"manifest under v{version} of run {self.run_id!r} says v{manifest.version}")
-        buckets = [
-            self.store.get(bucket_key(self.run_id, version, i)) if size else b""
-            for i, size in enumerate(manifest.bucket_sizes)
-        ]
+        buckets: list[Buffer] = []
+        for i, size in enumerate(manifest.bucket_sizes):
+            if size:
+                key = bucket_key(self.run_id, version, i)
+                waited += self._await_key(key, version, deadline)
+                buckets.append(self.store.get(key))
+            else:
+                buckets.append(b"")
         tensors = unpack(manifest, buckets)
-        return tensors, {"pull_s": time.perf_counter() - t0, "bytes": float(manifest.total_bytes)}
+        total = time.perf_counter() - t0
+        return tensors, {
+            "pull_s": total - waited,
+            "publish_wait_s": waited,
+            "bytes": float(manifest.total_bytes),
+        }
+
+    def _await_key(self, key: str, version: int, deadline: float) -> float:
+        """Wait until `key` is in the store; return the seconds waited (MissingKeyError at the deadline)."""
+        t0 = time.perf_counter()
+        pause = self.POLL_S[0]
+        while not self.store.exists(key):
+            if time.perf_counter() >= deadline:
+                raise MissingKeyError(
+                    f"weights v{version} of run {self.run_id!r} are not published: no {key!r} "
+                    f"within {self.publish_timeout_s:g} s"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, self.POLL_S[1])
+        return time.perf_counter() - t0
 
     def close(self) -> None:
         """Stop accepting pulls; a running pull finishes in the background, queued ones are dropped."""

@@ -39,6 +39,10 @@ class RecordingStore(InMemoryStore):
         self.ops += [("delete", k) for k in keys]
         return super().delete(keys)
 
+    def delete_prefix(self, prefix: str) -> int:
+        self.ops.append(("delete_prefix", prefix))
+        return super().delete_prefix(prefix)
+
     def get(self, key: str) -> Buffer:
         self.gate.wait()
         return super().get(key)
@@ -50,16 +54,18 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
 
 
-def test_publish_writes_buckets_then_manifest_last() -> None:
+def test_publish_clears_the_version_then_writes_the_manifest_first_and_buckets_in_order() -> None:
     store = RecordingStore()
+    store.put("run/v1/bucket5", b"left by a failed attempt")
     timings = WeightPublisher(store, "run").publish(state_dict(1), version=1, bucket_bytes=512)
     # embed 0-256, layer.w 256-512 fill bucket 0; layer.b 0-32 and steps 64-72 go to bucket 1
-    assert store.ops == [
-        ("delete", "run/v1/manifest"),
+    assert store.ops[1:] == [
+        ("delete_prefix", "run/v1/"),
+        ("put", "run/v1/manifest"),
         ("put", "run/v1/bucket0"),
         ("put", "run/v1/bucket1"),
-        ("put", "run/v1/manifest"),
     ]
+    assert not store.exists("run/v1/bucket5")
     assert timings["bytes"] == 512 + 72 and timings["buckets"] == 2
     assert timings["push_s"] >= 0 and timings["pack_s"] >= 0
 
@@ -129,10 +135,35 @@ def test_waiting_for_a_version_drops_older_uncollected_pulls() -> None:
 
 
 def test_unpublished_version_is_a_clear_error() -> None:
-    prefetcher = WeightPrefetcher(InMemoryStore(), "run")
+    prefetcher = WeightPrefetcher(InMemoryStore(), "run", publish_timeout_s=0.05)
     prefetcher.start(9)
-    with pytest.raises(MissingKeyError, match="weights v9 of run 'run' are not published"):
+    with pytest.raises(MissingKeyError, match=r"weights v9 of run 'run' are not published: .* within 0\.05"):
         prefetcher.wait(9)
+    prefetcher.close()
+
+
+def test_a_pull_started_before_the_publish_reads_each_bucket_as_it_lands() -> None:
+    class SlowPush(RecordingStore):
+        """Every put takes 50 ms, as on a slow link; `ops` also logs the reads."""
+
+        def put(self, key: str, data: Buffer) -> None:
+            time.sleep(0.05)
+            super().put(key, data)
+
+        def get(self, key: str) -> Buffer:
+            self.ops.append(("get", key))
+            return super().get(key)
+
+    store = SlowPush()
+    prefetcher = WeightPrefetcher(store, "run")
+    prefetcher.start(4)  # nothing published yet
+    WeightPublisher(store, "run").publish(state_dict(4), version=4, bucket_bytes=512)
+    tensors, timings = prefetcher.wait(4)
+    assert_same(tensors, state_dict(4))
+    # bucket 0 was read before bucket 1 was written: the pull overlapped the push
+    assert store.ops.index(("get", "run/v4/bucket0")) < store.ops.index(("put", "run/v4/bucket1"))
+    assert timings["publish_wait_s"] >= 0.1  # waited for the manifest and for bucket 1 (50 ms each at least)
+    assert timings["pull_s"] < timings["publish_wait_s"]  # reading is fast; the link was the wait
     prefetcher.close()
 
 
