@@ -31,13 +31,15 @@ from bench.async_runs import (
     at_least,
     median_run,
     run_all,
+    throughput_se,
 )
 from bench.report import load_note, new_figure, pick_settings, print_table, save_figure, write_json
 
 PAPER_SPEEDUP = (2.65, 4.58)  # RollArt end-to-end throughput over the synchronous baseline
 FULL = RunSettings()
 QUICK = replace(FULL, steps=3, rounds=1)
-ROW_KEYS = ("mode", "alpha", "step_s", "tokens_per_s", "speedup_vs_sync")
+ROW_KEYS = ("mode", "alpha", "step_s", "tokens_per_s", "tokens_per_s_se", "speedup_vs_sync")
+TIE_SE = 2.0  # throughputs closer than this many combined standard errors are a tie
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -70,8 +72,11 @@ def ideal_step_s(rollout_s: float, train_s: float, exposed_sync_s: float) -> flo
     return max(rollout_s, train_s) + exposed_sync_s
 
 
-def build_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per mode (in the expected order) from its median run; speedup is throughput over sync's."""
+def build_rows(runs: dict[str, dict[str, Any]], se: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per mode (in the expected order) from its median run; speedup is throughput over sync's.
+
+    `se`: each mode's throughput standard error (`throughput_se` over all its rounds).
+    """
     base = runs["sync"]["tokens_per_s"] if "sync" in runs else None
     return [
         {
@@ -79,6 +84,7 @@ def build_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "alpha": r["alpha"],
             "step_s": r["step_s"],
             "tokens_per_s": r["tokens_per_s"],
+            "tokens_per_s_se": se[mode],
             "speedup_vs_sync": r["tokens_per_s"] / base if base else None,
         }
         for mode in MODE_ORDER
@@ -104,14 +110,24 @@ def ideal(runs: dict[str, dict[str, Any]]) -> dict[str, float] | None:
 
 
 def order_violations(rows: list[dict[str, Any]]) -> list[str]:
-    """Where throughput breaks sync < sync+ < one-off ≤ areal ≤ rollart (over the modes present, in order)."""
+    """Where throughput breaks sync < sync+ < one-off ≤ areal ≤ rollart (over the modes present, in order).
+
+    The strict steps (sync < sync+ < the rest) compare the measured throughputs. From one-off on, the
+    modes may tie: one-off, areal and rollart run the same schedule unless a trajectory outlives a
+    version, so `a ≤ b` is only broken when `a` is ahead by more than `TIE_SE` combined standard errors.
+    """
     tps = {r["mode"]: r["tokens_per_s"] for r in rows}
+    se = {r["mode"]: r.get("tokens_per_s_se", 0.0) for r in rows}
     present = [m for m in MODE_ORDER if m in tps]
     out = []
     for a, b in itertools.pairwise(present):
-        strict = a in ("sync", "sync+")  # sync < sync+ < everything after; ties allowed from one-off on
-        if tps[a] > tps[b] or (strict and tps[a] == tps[b]):
-            out.append(f"{a} {tps[a]:.0f} {'>=' if strict else '>'} {b} {tps[b]:.0f} tokens/s")
+        if a in ("sync", "sync+"):
+            if tps[a] >= tps[b]:
+                out.append(f"{a} {tps[a]:.0f} >= {b} {tps[b]:.0f} tokens/s")
+            continue
+        margin = TIE_SE * (se[a] ** 2 + se[b] ** 2) ** 0.5
+        if tps[a] - tps[b] > margin:
+            out.append(f"{a} {tps[a]:.0f} > {b} {tps[b]:.0f} tokens/s (by more than {margin:.0f})")
     return out
 
 
@@ -129,18 +145,19 @@ BREAKDOWN = (
 
 
 def _table(rows: list[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
-    """The printed columns (80 characters): the JSON rows plus where each step's time went."""
+    """The printed columns: the JSON rows plus where each step's time went."""
     return [
         {
             "mode": r["mode"],
             "α": str(r["alpha"]),
             "step_s": f"{r['step_s']:.2f}",
-            "tok/s": f"{r['tokens_per_s']:.0f}",
+            "tok/s": f"{r['tokens_per_s']:.0f}±{r['tokens_per_s_se']:.0f}",
             "×sync": "—" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}",
             "wait_s": f"{runs[r['mode']]['wait_batch_s']:.2f}",
             "train_s": f"{runs[r['mode']]['train_s']:.2f}",
             "sync_s": f"{runs[r['mode']]['sync_s']:.2f}",
             "aborted": str(runs[r["mode"]]["aborted"]),
+            "stale": str(runs[r["mode"]]["staleness_max"]),
         }
         for r in rows
     ]
@@ -181,7 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = run_all(s, plan)
     load_after = os.getloadavg()
     runs = {mode: median_run(rs) for (mode, _), rs in zip(plan, results, strict=True)}
-    rows = build_rows(runs)
+    rows = build_rows(runs, {mode: throughput_se(rs) for (mode, _), rs in zip(plan, results, strict=True)})
     best = ideal(runs)
     broken = order_violations(rows)
     ours = runs.get("rollart")
@@ -196,7 +213,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if ours and "sync" in runs
             else ""
         )
-        + "Expected order sync < sync+ < one-off <= areal <= rollart: "
+        + "Expected order sync < sync+ < one-off <= areal <= rollart (<: a tie within "
+        + f"{TIE_SE:g} standard errors of tok/s, printed as ±): "
         + (f"does NOT hold ({'; '.join(broken)}).\n" if broken else "holds.\n")
         + (
             f"rollart step {best['rollart_step_s']:.2f} s vs ideal max(rollout {best['rollout_s']:.2f}, "
@@ -207,6 +225,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if best
             else ""
         )
+        + "stale: the most versions a trained sample's start lagged the trainer. areal checks α only when a "
+        "group starts, so it trains samples older than α that rollart aborts: at the same α it may be "
+        "faster, and the like-for-like comparison is rollart at areal's realised staleness (alpha-sweep).\n"
         + load_note(load_before, load_after, os.cpu_count())
     )
     print_table("Async modes: step time and throughput", _table(rows, runs), note)

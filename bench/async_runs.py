@@ -241,6 +241,16 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
     return out
 
 
+def throughput_se(runs: Sequence[dict[str, Any]]) -> float:
+    """Standard error of a mode's throughput: tokens/s of every measured step of every round, pooled.
+
+    Two modes whose throughputs differ by less than about twice their combined standard error are not
+    told apart by this measurement (a tie), whichever printed number is larger.
+    """
+    per_step = [m["tokens"] / m["step_s"] for r in runs for m in r["steps"]]
+    return statistics.stdev(per_step) / len(per_step) ** 0.5 if len(per_step) > 1 else 0.0
+
+
 def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The run of median step time (an actual run, so its fields stay consistent with each other)."""
     return sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]

@@ -5,6 +5,7 @@ import pytest
 from bench.async_modes import (
     FULL,
     QUICK,
+    ROW_KEYS,
     add_arguments,
     build_rows,
     ideal,
@@ -56,13 +57,15 @@ def test_rows_follow_the_mode_order_and_speedup_is_throughput_over_sync():
         m: run_of(m, s, t)
         for m, s, t in [("rollart", 1.0, 400.0), ("sync", 4.0, 100.0), ("sync+", 2.0, 200.0)]
     }
-    rows = build_rows(runs)
+    se = {"rollart": 3.0, "sync": 1.0, "sync+": 2.0}
+    rows = build_rows(runs, se)
     assert [r["mode"] for r in rows] == ["sync", "sync+", "rollart"]
-    assert all(set(r) == {"mode", "alpha", "step_s", "tokens_per_s", "speedup_vs_sync"} for r in rows)
+    assert all(set(r) == set(ROW_KEYS) for r in rows)
+    assert [r["tokens_per_s_se"] for r in rows] == [1.0, 2.0, 3.0]
     assert [r["speedup_vs_sync"] for r in rows] == [1.0, 2.0, 4.0]
     assert [r["alpha"] for r in rows] == [0, 0, 1]
     del runs["sync"]
-    assert [r["speedup_vs_sync"] for r in build_rows(runs)] == [None, None]  # no baseline, no ratio
+    assert [r["speedup_vs_sync"] for r in build_rows(runs, se)] == [None, None]  # no baseline, no ratio
 
 
 def test_ideal_takes_rollout_and_train_from_sync_plus_and_exposed_sync_from_rollart():
@@ -84,13 +87,32 @@ def test_ideal_takes_rollout_and_train_from_sync_plus_and_exposed_sync_from_roll
     [
         ({"sync": 1, "sync+": 2, "one-off": 3, "areal": 3, "rollart": 3}, []),  # ties allowed from one-off on
         ({"sync": 1, "sync+": 1, "one-off": 3, "areal": 4, "rollart": 5}, ["sync 1 >= sync+ 1 tokens/s"]),
-        ({"sync": 1, "sync+": 2, "one-off": 3, "areal": 5, "rollart": 4}, ["areal 5 > rollart 4 tokens/s"]),
+        (
+            {"sync": 1, "sync+": 2, "one-off": 3, "areal": 5, "rollart": 4},
+            ["areal 5 > rollart 4 tokens/s (by more than 0)"],
+        ),
         ({"sync": 1, "rollart": 0.5}, ["sync 1 >= rollart 0 tokens/s"]),  # modes left out: the rest in order
         ({"sync+": 2, "areal": 3}, []),
     ],
 )
 def test_expected_order(tps, broken):
     assert order_violations([{"mode": m, "tokens_per_s": float(t)} for m, t in tps.items()]) == broken
+
+
+def test_a_lead_within_the_noise_is_a_tie_but_not_among_the_strict_modes():
+    def rows(se: float, **tps: float) -> list[dict]:
+        return [
+            {"mode": m.replace("_", "-"), "tokens_per_s": t, "tokens_per_s_se": se} for m, t in tps.items()
+        ]
+
+    # areal ahead by 100 with s.e. 30 each: the margin is 2·√(30² + 30²) ≈ 85 -> a real lead
+    assert order_violations(rows(30.0, areal=1100.0, rollart=1000.0)) == [
+        "areal 1100 > rollart 1000 tokens/s (by more than 85)"
+    ]
+    assert order_violations(rows(40.0, areal=1100.0, rollart=1000.0)) == []  # margin 113: a tie
+    assert order_violations(rows(40.0, one_off=1100.0, areal=1000.0)) == []
+    strict = order_violations(rows(400.0, sync=1100.0, rollart=1000.0))  # no tie for sync
+    assert strict == ["sync 1100 >= rollart 1000 tokens/s"]
 
 
 def test_registered_with_the_cli():

@@ -9,6 +9,7 @@ from bench.async_runs import (
     experiment_data,
     median_run,
     summarize_steps,
+    throughput_se,
 )
 from bench.report import pick_settings
 from engine.config import load_config
@@ -92,3 +93,12 @@ def test_median_run_is_an_actual_run():
     runs = [{"step_s": 3.0, "id": "a"}, {"step_s": 1.0, "id": "b"}, {"step_s": 2.0, "id": "c"}]
     assert median_run(runs)["id"] == "c"
     assert median_run(runs[:1])["id"] == "a"
+
+
+def test_throughput_se_pools_every_step_of_every_round():
+    def run(*steps: tuple[int, float]) -> dict:
+        return {"steps": [{"tokens": t, "step_s": s} for t, s in steps]}
+
+    # per-step throughputs 100, 200 (round 1) and 300 (round 2): stdev 100, n 3 -> 100 / √3
+    assert throughput_se([run((100, 1.0), (400, 2.0)), run((300, 1.0))]) == pytest.approx(100 / 3**0.5)
+    assert throughput_se([run((100, 1.0))]) == 0.0  # one step: no spread to measure
