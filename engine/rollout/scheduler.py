@@ -161,19 +161,23 @@ class RolloutScheduler:
         return out
 
     async def advance(self, version: int) -> int:
-        """The serving version is now `version`: abort stale in-flight members, evict stale groups."""
+        """The serving version is now `version`: abort in-flight members and evict buffered groups that
+        the next batch cannot take (`StalenessPolicy.next_batch_version`)."""
         self.version = version
+        horizon = self.policy.next_batch_version(version)
         aborted = 0
         for g in list(self._groups.values()):
             for traj_id, task in list(g.running.items()):
                 traj = self._live.get(traj_id)
-                reason = self.policy.stale(traj, version) if traj is not None else None
-                if traj is not None and reason:
+                if traj is None or traj.failure:  # gone, or already being cancelled
+                    continue
+                reason = self.policy.stale(traj, horizon)
+                if reason:
                     traj.failure = reason
                     task.cancel()
                     aborted += 1
         self.counts["aborted_stale_in_flight"] += aborted
-        await self.buffer.advance(version)
+        await self.buffer.advance(horizon)
         self._wake.set()
         return aborted
 

@@ -2,9 +2,11 @@
 
 Version k = weights after k optimiser steps. With bound α and serving version n:
 - `rollart`: checked at every step — a trajectory (in flight or buffered) whose start version is
-  older than n − α is aborted; `get_batch` never returns one. New groups are admitted as in `areal`,
-  so the rollout does not start work the bound would mostly abort; an aborted or evicted group gives
-  its place back.
+  older than n − α is aborted; `get_batch` never returns one. The bump to v comes right after the
+  batch of v was taken, so it already applies the bound of the next batch (v + 1): what that batch
+  cannot take is aborted at once and its place goes to a group that can. New groups are admitted as
+  in `areal`, so the rollout does not start work the bound would mostly abort; an aborted or evicted
+  group gives its place back.
 - `areal`: checked only when a trajectory starts — a new group may start only while fewer than
   (α + 1) batches' worth of groups are live (started, not yet trained or given up): the rollout runs
   at most α + 1 batches ahead of the trainer. Once started it is trained, however many versions it spans.
@@ -37,10 +39,16 @@ class StalenessPolicy:
     def min_start_version(self, version: int) -> int:
         return version - self.alpha
 
+    def next_batch_version(self, version: int) -> int:
+        """The trainer version of the next batch once `version` serves. In `rollart` the bump to v follows
+        `get_batch(v)`, so the next batch is v + 1's: a group that cannot be in it is aborted now, not
+        one bump later, and its env slot and admission place go to a group that can."""
+        return version + 1 if self.mode == "rollart" and self.alpha >= 1 else version
+
     def stale(self, traj: Trajectory, version: int) -> str | None:
-        """Reason to abort `traj` now that `version` serves, or None."""
+        """Reason to abort `traj` when the next batch is taken at trainer version `version`, or None."""
         if self.per_step and 0 <= traj.start_version < self.min_start_version(version):
-            return f"stale: started at v{traj.start_version}, serving v{version}, alpha {self.alpha}"
+            return f"stale: started at v{traj.start_version}, next batch at v{version}, alpha {self.alpha}"
         return None
 
     def may_start(self, live_groups: int, batch_groups: int) -> bool:
