@@ -53,7 +53,6 @@ class SampleBuffer:
         self.capacity = capacity
         self.evict_on_advance = evict_on_advance
         self.check_on_get = check_on_get
-        self.version = 0
         self.stats = BufferStats()
         self._groups: dict[str, Group] = {}
         self._closed: set[str] = set()  # dropped groups: late members are refused
@@ -113,8 +112,8 @@ class SampleBuffer:
 
     # -- the version bound ---------------------------------------------------------------------------
     async def advance(self, version: int) -> int:
-        """The serving version became `version`; evict groups that started too long ago. Returns count."""
-        self.version = version
+        """A version bump: evict groups too old for a batch taken at trainer version `version` (the
+        scheduler passes the next batch's, `StalenessPolicy.next_batch_version`). Returns count."""
         if not self.evict_on_advance:
             return 0
         async with self._changed:
