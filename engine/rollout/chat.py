@@ -1,37 +1,143 @@
-"""Chat framing as token deltas, so a multi-turn context grows by appending (prefix-cache friendly).
+"""Chat framing from the tokenizer's own chat template, as token deltas, so a multi-turn context grows by
+appending (prefix-cache friendly) and any chat model's markup works, not one hard-coded format.
 
-The markup is the Qwen-style template the local tokenizer ships with:
-`<|im_start|>{role}\\n{content}<|im_end|>\\n`, the assistant turn opened by `<|im_start|>assistant\\n`.
-Each observation delta closes the previous assistant turn when generation did not (hit max tokens).
+RL trains on the context the policy actually saw: `first + action + next + action + ...`, each action the
+model's own token ids, never re-tokenised text. A chat template renders whole conversations, so the deltas
+are derived from it by rendering probe conversations:
+
+* `first`: the template's rendering of [system?, user] with the generation prompt;
+* the assistant-turn close: what the template renders after an assistant message's content
+  (`<|im_end|>\\n` for ChatML, `<|eot_id|>` for Llama 3); its first special token is the stop token;
+* `next`: the rest of the close (all of it when generation was cut off before the stop token), then
+  render(base + [user], generation prompt) minus render(base), where base ends with an assistant message.
+
+That only holds if the template is incremental: earlier turns render the same whatever follows, and
+deltas tokenised on their own give the ids of the whole rendering. Construction proves it on 3-turn probe
+conversations (with and without a system message, actions stopped and cut off) and raises ValueError at
+the first differing token otherwise (templates that strip earlier reasoning, render only the last user
+turn, or a tokenizer without a template): a silently mis-tokenised context would train the policy on
+inputs it never sees at inference.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, str]
+
+# Probe texts: plain words tokenise the same in any context; the <think> tags expose templates that strip
+# or reformat reasoning in assistant messages.
+_PROBE_SYSTEM = "Probe instructions."
+_PROBE_USERS = ("First probe observation.", "Second probe observation?", "Third probe observation!")
+_PROBE_ACTIONS = (
+    "<think>first probe thought</think>first probe answer",
+    "<think>second probe thought</think>second probe answer",
+)
+
+
+def _msg(role: str, content: str) -> Message:
+    return {"role": role, "content": content}
+
+
+def _first_difference(a: Sequence, b: Sequence) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 class ChatFormat:
-    def __init__(self, tokenizer: Any):
+    """One tokenizer's chat template as token deltas; generation stops at `stop_id`, the end of a turn."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tok = tokenizer
-        ids = tokenizer.convert_tokens_to_ids([IM_START, IM_END])
-        if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
-            raise ValueError(f"tokenizer lacks the chat special tokens {IM_START} / {IM_END}")
-        self.im_start_id, self.im_end_id = ids
-        self.newline_ids = self._enc("\n")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("tokenizer has no chat template: its chat framing is unknown")
+        try:
+            self._base = [_msg("user", _PROBE_USERS[0]), _msg("assistant", _PROBE_ACTIONS[0])]
+            self._base_text = self._render(self._base, generation_prompt=False)
+            content_at = self._base_text.rfind(_PROBE_ACTIONS[0])
+            if content_at < 0:
+                raise ValueError(
+                    "chat template cannot be rendered incrementally: it does not render assistant content "
+                    f"verbatim ({_PROBE_ACTIONS[0]!r} is missing from {self._base_text!r})"
+                )
+            close_text = self._base_text[content_at + len(_PROBE_ACTIONS[0]) :]
+            self.stop_id, self._close_ids = self._close(close_text)
+            self._after_stop = self._close_ids[self._close_ids.index(self.stop_id) + 1 :]
+            self._prove()
+        except TemplateError as e:
+            raise ValueError(f"chat template fails on a probe conversation: {e}") from e
 
     def _enc(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
+    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+        return str(
+            self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        )
+
+    def _close(self, text: str) -> tuple[int, list[int]]:
+        """The stop token and the ids of `text`, what the template renders after an assistant's content."""
+        ids = self._enc(text)
+        special = {i for i, t in self.tok.added_tokens_decoder.items() if t.special}
+        stop = next((i for i in ids if i in special), self.tok.eos_token_id)
+        if stop not in ids:
+            raise ValueError(
+                f"chat template cannot be rendered incrementally: it closes an assistant turn with {text!r}, "
+                "neither a special token nor eos, so a generation that stops cannot continue as it renders"
+            )
+        return int(stop), ids
+
     def first(self, instructions: str, observation: str) -> list[int]:
-        system = f"{IM_START}system\n{instructions}{IM_END}\n" if instructions else ""
-        return self._enc(f"{system}{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n")
+        """The opening context: the system message (only if `instructions`), the user turn, the prompt."""
+        system = [_msg("system", instructions)] if instructions else []
+        return self._enc(self._render([*system, _msg("user", observation)], generation_prompt=True))
 
     def next(self, observation: str, last_action_ids: list[int]) -> list[int]:
-        """Context tokens after an action: close the assistant turn, then the new user turn."""
-        close = [] if last_action_ids[-1:] == [self.im_end_id] else [self.im_end_id]
-        return close + self._enc(f"\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n")
+        """Context tokens after an action: close the assistant turn, then the new user turn and the prompt."""
+        text = self._render([*self._base, _msg("user", observation)], generation_prompt=True)
+        if not text.startswith(self._base_text):
+            at = _first_difference(text, self._base_text)
+            raise ValueError(
+                "chat template cannot be rendered incrementally: a new user turn changes the earlier ones "
+                f"at character {at}: {self._base_text[at : at + 40]!r} becomes {text[at : at + 40]!r}"
+            )
+        close = self._after_stop if last_action_ids[-1:] == [self.stop_id] else self._close_ids
+        return close + self._enc(text[len(self._base_text) :])
 
     def decode(self, action_ids: list[int]) -> str:
         return self.tok.decode(action_ids, skip_special_tokens=True)
+
+    def _prove(self) -> None:
+        """Raise ValueError unless the deltas of 3-turn probes equal the template's whole rendering's ids."""
+        for instructions in (_PROBE_SYSTEM, ""):
+            for stopped in (True, False):
+                actions = [self._enc(a) + ([self.stop_id] if stopped else []) for a in _PROBE_ACTIONS]
+                deltas = self.first(instructions, _PROBE_USERS[0])
+                messages = [_msg("system", instructions)] if instructions else []
+                messages.append(_msg("user", _PROBE_USERS[0]))
+                for action, content, user in zip(actions, _PROBE_ACTIONS, _PROBE_USERS[1:], strict=True):
+                    deltas += action + self.next(user, action)
+                    messages += [_msg("assistant", content), _msg("user", user)]
+                whole = list(
+                    self.tok.apply_chat_template(
+                        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+                    )
+                )
+                if deltas != whole:
+                    at = _first_difference(deltas, whole)
+                    probe = f"{'with' if instructions else 'without'} a system message, actions " + (
+                        "ending with the stop token" if stopped else "cut off"
+                    )
+                    before = self.tok.decode(whole[max(0, at - 8) : at])
+                    raise ValueError(
+                        f"chat template cannot be rendered incrementally ({probe}): the deltas diverge from "
+                        f"the whole rendering at token {at}, after {before!r}: "
+                        f"the template gives tokens {self._pieces(whole[at : at + 6])}, "
+                        f"the deltas give {self._pieces(deltas[at : at + 6])}"
+                    )
+
+    def _pieces(self, ids: list[int]) -> list[str]:
+        """Each token's text: where a boundary tokenises differently, the joined text alone hides it."""
+        return [self.tok.decode([i]) for i in ids]

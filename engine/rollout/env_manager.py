@@ -106,7 +106,7 @@ class EnvManager:
                 sampling=SamplingParams(
                     temperature=lim.temperature,
                     max_tokens=lim.max_tokens,
-                    stop_token_ids=[self.chat.im_end_id],
+                    stop_token_ids=[self.chat.stop_id],
                 ),
                 task=traj.task,
                 profile=self.profile,
