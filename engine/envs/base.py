@@ -55,6 +55,12 @@ def extract_answer(text: str) -> str:
     return text[start + len(_OPEN) : end].strip()
 
 
+def has_answer_tags(text: str) -> bool:
+    """Whether `text` holds a well-formed `<answer>...</answer>` (the format the tasks ask for)."""
+    end = text.rfind(_CLOSE)
+    return end >= 0 and text.rfind(_OPEN, 0, end) >= 0
+
+
 def unknown_choice(what: str, value: str, known: Sequence[str]) -> ValueError:
     """A ValueError for a name that is not among `known`, close matches first, then all of them."""
     near = difflib.get_close_matches(value, known, n=3)

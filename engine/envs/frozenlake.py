@@ -7,12 +7,14 @@ run. The grid is rendered here from the map and the player's cell rather than fr
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
 from gymnasium.envs.toy_text import frozen_lake as gym_fl
 
 from engine.envs.base import Env, EnvStep, extract_answer
+from engine.envs.split import Split, check_split, held_out
 
 ACTIONS: dict[str, int] = {
     "left": gym_fl.LEFT,
@@ -26,6 +28,36 @@ ACTIONS: dict[str, int] = {
 }
 _FIRST_WORD = re.compile(r"[^\W_]+")  # a run of letters/digits: words are split on everything else
 _PROMPT = "Move: left, down, right or up?"
+MOVES = ("left", "down", "right", "up")
+_EVAL_MAPS: dict[tuple[int, float, float], tuple[list[list[str]], set[str], int]] = {}
+
+
+def _text(desc: list[str]) -> str:
+    return "\n".join(desc)
+
+
+def eval_map(index: int, size: int, p: float, fraction: float) -> list[str]:
+    """The `index`-th distinct held-out map: random maps drawn from seeds 0, 1, 2, ... whose text is held
+    out, repeats skipped. Built once per process up to the largest index asked for."""
+    maps, seen, next_seed = _EVAL_MAPS.setdefault((size, p, fraction), ([], set(), 0))
+    while len(maps) <= index:
+        desc = gym_fl.generate_random_map(size=size, p=p, seed=next_seed)
+        next_seed += 1
+        text = _text(desc)
+        if held_out(text, fraction) and text not in seen:
+            seen.add(text)
+            maps.append(desc)
+    _EVAL_MAPS[(size, p, fraction)] = (maps, seen, next_seed)
+    return maps[index]
+
+
+def train_map(seed: int, size: int, p: float, fraction: float) -> list[str]:
+    """The random map of `seed`, redrawn from a seeded chain while its text is held out."""
+    rng = random.Random(seed)
+    desc = gym_fl.generate_random_map(size=size, p=p, seed=seed)
+    while fraction and held_out(_text(desc), fraction):
+        desc = gym_fl.generate_random_map(size=size, p=p, seed=rng.randrange(2**62))
+    return desc
 
 
 def parse_action(text: str) -> int | None:
@@ -41,6 +73,10 @@ class FrozenLakeEnv(Env):
     leaves the state unchanged and costs `invalid_penalty`. With `random_map`, every reset seed
     draws its own map (`map_size` x `map_size`, each tile frozen with probability `frozen_p`),
     which then takes the place of `map_name`.
+
+    Held-out maps (`eval_fraction > 0`, random maps only: the fixed map is one problem): maps are split
+    on their text (`engine.envs.split`). The `train` split never poses a held-out map (a seed whose map
+    is held out is redrawn); the `eval` split's seed `i` poses the `i`-th distinct held-out map.
     """
 
     name = "frozenlake"
@@ -57,7 +93,12 @@ class FrozenLakeEnv(Env):
         map_size: int = 4,
         frozen_p: float = 0.8,
         invalid_penalty: float = -0.1,
+        eval_fraction: float = 0.0,
+        split: Split = "train",
     ) -> None:
+        check_split(split, eval_fraction)
+        if eval_fraction and not random_map:
+            raise ValueError("eval_fraction needs random_map: true (the fixed map is a single problem)")
         if map_name not in gym_fl.MAPS:
             raise ValueError(f"map_name must be one of {sorted(gym_fl.MAPS)}, got {map_name!r}")
         if random_map and map_size < 2:
@@ -70,11 +111,17 @@ class FrozenLakeEnv(Env):
         self.map_size = map_size
         self.frozen_p = frozen_p
         self.invalid_penalty = invalid_penalty
+        self.eval_fraction = eval_fraction
+        self.split = split
         self._lake = None if random_map else self._make_lake(gym_fl.MAPS[map_name])
         self._done = True
 
     def _make_lake(self, desc: list[str]) -> gym_fl.FrozenLakeEnv:
         return gym_fl.FrozenLakeEnv(desc=desc, is_slippery=self.is_slippery)
+
+    def answer_candidates(self) -> list[str]:
+        """The constant answers a majority baseline tries: each move, every turn."""
+        return list(MOVES)
 
     @property
     def grid(self) -> list[str]:
@@ -93,7 +140,8 @@ class FrozenLakeEnv(Env):
 
     async def reset(self, seed: int) -> str:
         if self.random_map:
-            desc = gym_fl.generate_random_map(size=self.map_size, p=self.frozen_p, seed=seed)
+            args = (self.map_size, self.frozen_p, self.eval_fraction)
+            desc = eval_map(seed, *args) if self.split == "eval" else train_map(seed, *args)
             self._lake = self._make_lake(desc)
         assert self._lake is not None
         self._lake.reset(seed=seed)  # seeds the slip draws too

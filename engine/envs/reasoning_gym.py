@@ -8,17 +8,20 @@ arguments, because a GRPO group starts many envs of one task at once.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import reasoning_gym as rg
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
-from engine.envs.base import Env, EnvStep, extract_answer, unknown_choice
+from engine.envs.base import Env, EnvStep, extract_answer, has_answer_tags, unknown_choice
+from engine.envs.split import Split, check_split, held_out
 from engine.types import Profile
 
 _FORMAT_LINE = "Give only the final answer inside <answer></answer>."
 _CACHE: dict[tuple[str, int, int, str], ProceduralDataset] = {}
+_POOLS: dict[tuple, list[int]] = {}
 
 
 def _build(name: str, size: int, seed: int, config: dict[str, Any]) -> ProceduralDataset:
@@ -35,26 +38,33 @@ def _build(name: str, size: int, seed: int, config: dict[str, Any]) -> Procedura
         raise ValueError(f"reasoning-gym dataset {name!r}: invalid config {config}: {e}") from None
 
 
+def _key(name: str, size: int, seed: int, config: dict[str, Any]) -> tuple[str, int, int, str]:
+    return (name, size, seed, repr(sorted(config.items())))
+
+
 def load_dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> ProceduralDataset:
     """The dataset for these arguments, built on first use and cached for the process."""
-    key = (name, size, seed, repr(sorted(config.items())))
+    key = _key(name, size, seed, config)
     if key not in _CACHE:
         _CACHE[key] = _build(name, size, seed, config)
     return _CACHE[key]
 
 
 class ReasoningGymEnv(Env):
-    """`reset(seed)` poses entry `seed % size`; `step(text)` scores the answer and ends the episode.
+    """`reset(seed)` poses one problem; `step(text)` scores the answer and ends the episode.
 
-    Any int is a valid seed; seeds that differ modulo `size` pose different entries, so training and
-    held-out evaluation use disjoint seed ranges below `size`. `**dataset_config` goes to the
-    dataset's config class.
+    Problems are the dataset's entries (`size` of them, generated from `dataset_seed`). With
+    `eval_fraction > 0` the entries are split on their question text (`engine.envs.split`): the
+    `train` split poses entry `seed % n` of the entries whose text is not held out (training seeds are
+    drawn at random from [0, 2**31)); the `eval` split poses the `seed`-th *distinct* held-out
+    question, so seeds 0..n-1 are n different problems, none of which a training env ever poses.
 
-    `holdout > 0` makes that split part of the env, because training seeds are drawn at random from
-    [0, 2**31) and `seed % size` would reach every entry: the last `holdout` entries,
-    [size - holdout, size), are posed only by the seeds in that range (use them as `eval_seeds`),
-    and every other seed poses entry `seed % (size - holdout)`. A random training seed lands in the
-    held-out range with probability holdout / 2**31 per draw (5e-8 for 100).
+    Reward: 1 for an exact match of the answer (the content of the last `<answer>` tags, else the whole
+    stripped output), else 0; `partial_credit` pays reasoning-gym's graded score instead (e.g. "46" earns
+    0.26 when the answer is 6), and `format_reward` is added when the output has `<answer>` tags.
+    `info["success"]` is the exact match whatever the reward; `info["lenient"]` says whether the right
+    answer appears anywhere in the output (did the model know it, whatever the format), and
+    `info["partial"]` is the graded score. `**dataset_config` goes to the dataset's config class.
     """
 
     name = "reasoning_gym"
@@ -62,20 +72,43 @@ class ReasoningGymEnv(Env):
     instructions = f"Solve the problem. {_FORMAT_LINE}"
 
     def __init__(
-        self, dataset: str, size: int = 1000, dataset_seed: int = 0, holdout: int = 0, **dataset_config: Any
+        self,
+        dataset: str,
+        size: int = 1000,
+        dataset_seed: int = 0,
+        eval_fraction: float = 0.0,
+        split: Split = "train",
+        partial_credit: bool = False,
+        format_reward: float = 0.0,
+        **dataset_config: Any,
     ) -> None:
-        if not 0 <= holdout < size:
-            raise ValueError(f"holdout must be in [0, size={size}) (some entries must be left to train on)")
+        check_split(split, eval_fraction)
         self.dataset = dataset
-        self.holdout = holdout
+        self.split = split
+        self.partial_credit = partial_credit
+        self.format_reward = float(format_reward)
         self._data = load_dataset(dataset, size, dataset_seed, dataset_config)
+        key = _key(dataset, size, dataset_seed, dataset_config)
+        self._pool = _pool(self._data, key, eval_fraction, split)
+        if not self._pool:
+            raise ValueError(
+                f"reasoning-gym dataset {dataset!r}: no {split} problems among {size} entries with "
+                f"eval_fraction {eval_fraction} (raise size or change eval_fraction)"
+            )
         self._entry: dict[str, Any] | None = None
+
+    @property
+    def num_problems(self) -> int:
+        """Distinct problems in the eval split; entries (texts may repeat) in the train split."""
+        return len(self._pool)
 
     def entry_index(self, seed: int) -> int:
         """The dataset entry that `reset(seed)` poses."""
-        size = len(self._data)
-        train = size - self.holdout
-        return seed if train <= seed < size else seed % train
+        return self._pool[seed % len(self._pool)]
+
+    def answer_candidates(self) -> list[str]:
+        """Every answer of this split's problems: the constant answers a majority baseline tries."""
+        return sorted({str(self._data[i]["answer"]).strip() for i in self._pool})
 
     async def reset(self, seed: int) -> str:
         self._entry = self._data[self.entry_index(seed)]
@@ -86,11 +119,41 @@ class ReasoningGymEnv(Env):
         if entry is None:
             raise RuntimeError("ReasoningGymEnv: step() needs an episode in progress; call reset() first")
         self._entry = None
+        answer = str(entry["answer"]).strip()
+        given = extract_answer(action)
         info: dict[str, Any] = {"answer": entry["answer"]}
         try:
-            score = float(self._data.score_answer(extract_answer(action), entry))
+            partial = float(self._data.score_answer(given, entry))
         except Exception as e:  # a scorer choking on odd model output is a wrong answer, not a crash
-            score = 0.0
+            partial = 0.0
             info["score_error"] = f"{type(e).__name__}: {e}"
-        info["success"] = score == 1.0
-        return EnvStep("", score, True, info)
+        exact = given == answer
+        formatted = has_answer_tags(action)
+        info.update(success=exact, lenient=_mentions(action, answer), partial=partial, formatted=formatted)
+        reward = (partial if self.partial_credit else float(exact)) + self.format_reward * formatted
+        return EnvStep("", reward, True, info)
+
+
+def _pool(
+    data: ProceduralDataset, key: tuple[str, int, int, str], fraction: float, split: Split
+) -> list[int]:
+    """Entry indices a split poses: training entries, or the first entry of each distinct held-out text."""
+    cache_key = (*key, fraction, split)
+    if cache_key not in _POOLS:
+        if fraction == 0.0:
+            _POOLS[cache_key] = list(range(len(data)))
+        else:
+            seen: set[str] = set()
+            pool = []
+            for i in range(len(data)):
+                text = data[i]["question"]
+                if held_out(text, fraction) == (split == "eval") and (split == "train" or text not in seen):
+                    seen.add(text)
+                    pool.append(i)
+            _POOLS[cache_key] = pool
+    return _POOLS[cache_key]
+
+
+def _mentions(text: str, answer: str) -> bool:
+    """The answer appears in the text as a whole token (12 in "7 + 5 = 12", not in "120")."""
+    return bool(answer) and re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w]|\.\d)", text) is not None

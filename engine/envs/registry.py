@@ -20,6 +20,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "code": ("engine.envs.code", "CodeEnv"),
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ADAPTERS)
+SPLIT_ENVS: tuple[str, ...] = ("frozenlake", "reasoning_gym")  # envs with a held-out split by text
 
 
 def make_env(name: str, **env_args: Any) -> Env:

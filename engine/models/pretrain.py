@@ -7,12 +7,16 @@ instructions and observations), with the loss on the assistant tokens only.
 
 What the corpus contains, and why it teaches no solution:
 
+No held-out problem of any task appears: random maps and questions come from the training side of the
+text split at its largest share (`engine.envs.split.MAX_EVAL_FRACTION`).
+
 * FrozenLake episodes (half of the examples), each on the standard 4x4 map or a random 4x4 map, played
   for up to `max_turns` turns by a policy that picks left/down/right/up **uniformly at random,
-  independently of the observation**. Every assistant turn is `<answer>{move}</answer><|im_end|>`;
-  the observations are whatever the real env returns after that random move.
+  independently of the observation**. Every assistant turn is `<answer>{move}</answer>` and the chat
+  template's stop token (`<|im_end|>` for the local tokenizer); the observations are whatever the real env
+  returns after that random move.
 * reasoning-gym questions (the other half) from the integer-answer datasets in `QUESTION_SOURCES`,
-  each answered `<answer>{n}</answer><|im_end|>` with `n` drawn **uniformly from 0..`max_answer`,
+  each answered `<answer>{n}</answer>` and the stop token, with `n` drawn **uniformly from 0..`max_answer`,
   independently of the question** (the true answer is never looked at).
 
 Every target token is therefore independent of its context given the format: the loss-minimising model
@@ -38,11 +42,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from engine.envs.frozenlake import FrozenLakeEnv
+from engine.envs.frozenlake import MOVES, FrozenLakeEnv
 from engine.envs.reasoning_gym import ReasoningGymEnv
+from engine.envs.split import MAX_EVAL_FRACTION
 from engine.rollout.chat import ChatFormat
 
-MOVES = ("left", "down", "right", "up")
 # Integer-answer reasoning-gym datasets whose questions frame the number examples (answers are random).
 QUESTION_SOURCES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("leg_counting", {"min_animals": 1, "max_animals": 3, "max_instances": 3}),
@@ -75,11 +79,12 @@ class PretrainConfig:
 
 
 def _answer(text: str, chat: ChatFormat) -> list[int]:
-    return [*chat.tok.encode(f"<answer>{text}</answer>", add_special_tokens=False), chat.im_end_id]
+    return [*chat.tok.encode(f"<answer>{text}</answer>", add_special_tokens=False), chat.stop_id]
 
 
 async def _frozenlake(chat: ChatFormat, rng: random.Random, config: PretrainConfig) -> Example:
-    env = FrozenLakeEnv(random_map=rng.random() < 0.5)
+    random_map = rng.random() < 0.5
+    env = FrozenLakeEnv(random_map=random_map, eval_fraction=MAX_EVAL_FRACTION if random_map else 0.0)
     observation = await env.reset(rng.randrange(2**31))
     ids = chat.first(env.instructions, observation)
     mask = [0.0] * len(ids)
@@ -105,7 +110,9 @@ async def _question(chat: ChatFormat, rng: random.Random, envs: list[ReasoningGy
 async def _corpus(chat: ChatFormat, n: int, config: PretrainConfig) -> list[Example]:
     rng = random.Random(config.seed)
     envs = [
-        ReasoningGymEnv(name, size=_QUESTION_POOL, dataset_seed=_DATASET_SEED, **cfg)
+        ReasoningGymEnv(
+            name, size=_QUESTION_POOL, dataset_seed=_DATASET_SEED, eval_fraction=MAX_EVAL_FRACTION, **cfg
+        )
         for name, cfg in QUESTION_SOURCES
     ]
     return [

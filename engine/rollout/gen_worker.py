@@ -20,6 +20,7 @@ import warnings
 from typing import Any
 
 import ray
+import torch
 
 from engine.backends import make_backend
 from engine.backends.base import GenerationBackend
@@ -30,12 +31,15 @@ from infra.weightstore.factory import open_store
 
 
 class GenerationWorker(Worker):
-    """config: {"backend": {"kind": ..., **kwargs}, "store": store spec or None, "run_id": str}."""
+    """config: {"backend": {"kind": ..., **kwargs}, "store": store spec or None, "run_id": str,
+    "threads": torch threads of the engine (the role's cores; absent = torch's default)}."""
 
     role = Role.ACTOR_GEN
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if self.config.get("threads"):  # before the engine is built: vLLM's CPU worker pins it afterwards
+            torch.set_num_threads(int(self.config["threads"]))
         spec = dict(self.config["backend"])
         self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
         store = self.config.get("store")

@@ -51,6 +51,9 @@ class TaskSpec:
     group_size: int
     limits: TurnLimits
     profile: str
+    eval_problems: int = 0  # distinct held-out problems evaluated (env built with split="eval")
+    eval_temperature: float = 0.0  # 0: greedy
+    eval_samples: int = 1  # episodes per held-out problem
 
 
 @dataclass

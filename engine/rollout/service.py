@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
+from engine.envs.split import problem_id
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.reward import RewardScorer
@@ -87,6 +88,7 @@ class RolloutService:
             gated_waves=sync_like,
         )
         self._runner: asyncio.Task[None] | None = None
+        self._problems: dict[str, set[str]] = defaultdict(set)  # task -> ids of the problems rolled out
 
     async def start(self) -> None:
         if self._runner is None:
@@ -116,9 +118,22 @@ class RolloutService:
     def release_wave(self, n: int = 1) -> None:
         self.scheduler.release_wave(n)
 
+    def _drain(self) -> list[Trajectory]:
+        finished = self.scheduler.drain_finished()
+        for t in finished:
+            if t.turns:
+                self._problems[t.task].add(problem_id(t.turns[0].observation))
+        return finished
+
+    def problems(self) -> dict[str, list[str]]:
+        """Per task, the ids of every problem (first observation) rolled out so far: what evaluation's
+        overlap count compares the held-out problems against."""
+        self._drain()
+        return {task: sorted(ids) for task, ids in self._problems.items()}
+
     def stats(self) -> dict[str, Any]:
         """Counters since the start, plus per-task outcomes of trajectories finished since the last call."""
-        finished = self.scheduler.drain_finished()
+        finished = self._drain()
         by_task: dict[str, list[Trajectory]] = defaultdict(list)
         for t in finished:
             by_task[t.task].append(t)

@@ -1,8 +1,9 @@
 """TrainWorker: the ActorTrain role — GRPO steps on the torch backend, weight publishing, checkpoints.
 
 config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
-"bucket_bytes": int, "max_len": int | None}. A training step takes whole GRPO groups (never partial
-ones), reports loss/clip/entropy/KL/grad-norm/tokens-per-s plus the batch's rewards and staleness.
+"bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores)}.
+A training step takes whole GRPO groups (never partial ones), reports loss/clip/entropy/KL/grad-norm/
+tokens-per-s plus the batch's rewards and staleness.
 """
 
 from __future__ import annotations

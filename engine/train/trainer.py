@@ -151,14 +151,11 @@ class TorchTrainer:
         ids = micro.input_ids[:, :width].to(self.device)
         attn = micro.attention_mask[:, :width].to(self.device)
         mask = micro.loss_mask[:, :width].to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits / self.config.temperature
-        logprobs, entropy = token_logprobs(logits, ids)
+        logprobs, entropy = self._scored(self.model, ids, attn, mask)
         ref_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logprobs, _ = token_logprobs(
-                    self.ref_model(input_ids=ids, attention_mask=attn).logits / self.config.temperature, ids
-                )
+                ref_logprobs, _ = self._scored(self.ref_model, ids, attn, mask)
         loss, stats = policy_loss(
             logprobs,
             micro.behavior_logprobs[:, :width].to(self.device),
@@ -171,6 +168,32 @@ class TorchTrainer:
             kl_beta=self.config.kl_beta,
         )
         return loss, stats, float((entropy * mask).sum())
+
+    def _scored(
+        self, model: PreTrainedModel, ids: Tensor, attn: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Per-token log-probs and entropies `(B, T)` at the temperature, computed where `mask` is set.
+
+        The LM head and its log-softmax over the vocabulary run on the action tokens only: with a real
+        vocabulary (49k for SmolLM2) the `(B, T, V)` logits of every prompt token are most of a step's
+        memory traffic and carry no loss. Models whose head is more than a linear map (logit scaling or
+        soft-capping) take the plain path over all positions.
+        """
+        head, decoder = model.get_output_embeddings(), model.get_decoder()
+        plain = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+        if plain or head is None or decoder is None or decoder is model:
+            return token_logprobs(
+                model(input_ids=ids, attention_mask=attn).logits / self.config.temperature, ids
+            )
+        hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+        sel = mask[:, 1:] > 0  # token t is read from the logits at position t - 1
+        logp = torch.log_softmax(head(hidden[:, :-1][sel]).float() / self.config.temperature, dim=-1)
+        picked = logp.gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+        where = torch.nn.functional.pad(sel, (1, 0))
+        zeros = picked.new_zeros(ids.shape, dtype=torch.float32)
+        return zeros.masked_scatter(where, picked), zeros.detach().masked_scatter(where, entropy)
 
     def state_dict(self) -> dict[str, Tensor]:
         """A CPU snapshot of the weights, named exactly as the HF model names them (for publishing)."""

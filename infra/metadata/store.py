@@ -183,11 +183,13 @@ class MetadataStore:
         with self._tx() as c:
             c.execute(checkpoints.insert().values(run=run, step=step, uri=uri, weights_sha256=weights_sha256))
 
-    def latest_checkpoint(self, run: str) -> dict[str, Any] | None:
+    def latest_checkpoint(self, run: str, step: int | None = None) -> dict[str, Any] | None:
+        """The newest checkpoint of `run` (of its step `step` when given), or None."""
+        where = [checkpoints.c.run == run] + ([checkpoints.c.step == step] if step is not None else [])
         with self._tx() as c:
             q = (
                 select(checkpoints.c.step, checkpoints.c.uri, checkpoints.c.weights_sha256)
-                .where(checkpoints.c.run == run)
+                .where(*where)
                 .order_by(checkpoints.c.step.desc(), checkpoints.c.id.desc())
                 .limit(1)
             )

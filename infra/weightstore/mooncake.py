@@ -16,7 +16,11 @@ Things to know (measured on mooncake 0.3.13):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
@@ -71,6 +75,24 @@ def _as_array(data: Buffer) -> np.ndarray:
     return arr
 
 
+@contextlib.contextmanager
+def _stderr_to(path: Path | None) -> Iterator[None]:
+    """Point file descriptor 2 (what C++ code writes to) at `path` for the block; None leaves it alone."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class MooncakeStore(WeightStore):
     """One Mooncake client: contributes `segment_bytes` to the shared pool and reads/writes values."""
 
@@ -84,13 +106,17 @@ class MooncakeStore(WeightStore):
         buffer_bytes: int = 16 << 20,
         protocol: str = "tcp",
         device: str = "",
+        log_dir: str | None = None,
     ) -> None:
+        """`log_dir`: the client's start-up log (glog writes a dozen INFO lines to stderr before its
+        logging is initialised, whatever GLOG_minloglevel says) goes to `log_dir/client-<pid>.log`."""
         if segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be >= {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
         self._store = MooncakeDistributedStore()
-        rc = self._store.setup(
-            local_hostname, metadata_url, segment_bytes, buffer_bytes, protocol, device, master_addr
-        )
+        with _stderr_to(Path(log_dir) / f"client-{os.getpid()}.log" if log_dir else None):
+            rc = self._store.setup(
+                local_hostname, metadata_url, segment_bytes, buffer_bytes, protocol, device, master_addr
+            )
         if rc != 0:
             raise WeightStoreError(
                 f"mooncake client setup failed ({rc}): master {master_addr}, metadata {metadata_url}, "

@@ -7,11 +7,14 @@ the trainer's version; in areal mode long trajectories spanning 2+ versions do r
 import asyncio
 
 import pytest
+from transformers import AutoTokenizer
 
 from engine.envs.base import Env, EnvStep
 from engine.envs.frozenlake import FrozenLakeEnv
+from engine.evaluate import evaluate
 from engine.models.tiny import init_model
 from engine.protocol import Collaborators, IterationProtocol
+from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import TurnLimits
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
@@ -130,7 +133,7 @@ async def test_wave_modes_bound_staleness(model_dir, mode):
 async def test_after_update_the_engine_greedy_output_equals_the_trainer(model_dir):
     proto, trainer, gen, rollout = build(model_dir, "rollart", alpha=1)
     await run_steps(proto, rollout, 2)
-    await proto._apply(trainer.version())  # bring the engine to the trainer's latest weights
+    assert await proto.serve_latest() == 2  # bring the engine to the trainer's latest weights
     prompts = [[1, 5, 9, 13, 200], [42, 7, 7, 300, 2, 11]]
     want = trainer.greedy(prompts, max_tokens=6)
     for i, p in enumerate(prompts):
@@ -138,3 +141,23 @@ async def test_after_update_the_engine_greedy_output_equals_the_trainer(model_di
         out = await gen.generate(req)
         assert out.version == trainer.version() == 2
         assert out.token_ids[: len(want[i])] == want[i]
+
+
+@pytest.mark.parametrize("mode", ["sync", "sync+", "one-off", "areal", "rollart"])
+async def test_final_evaluation_scores_the_last_trained_version(model_dir, mode):
+    proto, trainer, _, rollout = build(model_dir, mode, alpha=0 if mode in ("sync", "sync+") else 1)
+    await run_steps(proto, rollout, 2)
+    assert await proto.serve_latest() == trainer.version() == 2
+    held_out = TaskSpec(
+        "lake",
+        "frozenlake",
+        {"random_map": True, "eval_fraction": 0.2},
+        1.0,
+        4,
+        TurnLimits(3, 3, 512),
+        "prefill-heavy",
+        eval_problems=4,
+    )
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir))
+    [res] = (await evaluate([held_out], chat, proto.c.proxy)).values()
+    assert res["versions"] == [2] and res["n_eval"] == 4

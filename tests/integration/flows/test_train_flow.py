@@ -58,7 +58,7 @@ def config(tmp_path, s3: str, steps: int) -> dict:
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     cfg.update(name="flowtest", run_root=str(tmp_path / "runs"))
     cfg["model"]["pretrain_steps"] = 0  # a random tiny model: the flow machinery is under test, not learning
-    cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_seeds=[])]
+    cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_problems=3, eval_samples=1)]
     cfg["rollout"].update(concurrency=8, redundancy=0)
     cfg["train"].update(steps=steps, batch_groups=2, checkpoint_every=1, micro_batch=8)
     cfg["backends"].update(
@@ -90,6 +90,9 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     # Prefect's machinery per iteration (not the work): bounded in seconds, so at real step lengths it is a
     # small fraction (2.7% over the quickstart's ~3 s steps); these random-model steps last ~0.5 s
     assert summary["steps_this_run"] == 2 and summary["flow_overhead_s_mean"] < 0.1
+    lake = summary["eval"]["frozenlake"]
+    assert (lake["n_eval"], lake["overlap"], lake["version"], lake["baseline"]) == (3, 0, 2, 0.0)
+    assert lake["before"] is not None and [p["step"] for p in summary["eval_curve"]] == [0, 2]
 
     async with get_client() as client:
         runs = await client.read_flow_runs()
@@ -108,6 +111,8 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
             "train_step",
             "publish_weights",
             "save_checkpoint",
+            "baselines",
+            "evaluate",
         ):
             assert expected in kinds, kinds
         saves = [t for t in tasks if t.name.startswith("save_checkpoint")]
@@ -120,9 +125,23 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     assert ck["step"] == 2 and ck["uri"] == "s3://ckpt/flowtest/step-00000002"
     assert S3Dirs(s3_endpoint).complete(ck["uri"])
 
+    # `rollart eval`: an earlier checkpoint, loaded (hash-checked) and served, scored on the held-out maps
+    from flows.evaluate import evaluate_run
+
+    path = tmp_path / "flowtest.yaml"
+    path.write_text(yaml.safe_dump(config(tmp_path, s3_endpoint, steps=2)))
+    out = await evaluate_run(str(path), checkpoint=1)
+    lake = out["eval"]["frozenlake"]
+    assert out["checkpoint_step"] == 1 and (lake["version"], lake["n_eval"], lake["overlap"]) == (1, 3, 0)
+    assert lake["baseline"] == 0.0 and (run_dir / "eval-step1.json").exists()
+    with pytest.raises(FileNotFoundError, match="no checkpoint at step 7"):
+        await evaluate_run(str(path), checkpoint=7)
+
     # resume: the same experiment continues at step 3 from the S3 checkpoint, weights identical at load
     summary = await train(config(tmp_path, s3_endpoint, steps=3), resume=True)
     assert summary["steps_this_run"] == 1
+    assert summary["eval"]["frozenlake"]["version"] == 3  # the resumed run's last weights
+    assert summary["eval"]["frozenlake"]["before"] == lake["before"]  # the base model, from the first part
     steps = store.steps("flowtest")
     assert [s["step"] for s in steps] == [1, 2, 3]  # nothing repeated or skipped
     assert store.latest_checkpoint("flowtest")["step"] == 3

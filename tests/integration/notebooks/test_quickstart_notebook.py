@@ -30,7 +30,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
                 '\ndata["rollout"].update(concurrency=8, redundancy=0)'
                 '\ndata["train"].update(batch_groups=2)'
                 '\nfor t in data["tasks"]:'
-                '\n    t.update(group_size=2, max_turns=3, eval_seeds=t["eval_seeds"][:2])'
+                '\n    t.update(group_size=2, max_turns=3, eval_problems=2, eval_samples=1)'
                 "\ncfg = load_config(data=data)"
             )
     NotebookClient(
@@ -42,7 +42,8 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert "triggered" in outputs and "SCHEDULED" in outputs
     (run_dir,) = (tmp_path / "runs").glob("notebook-*")  # one experiment, named by its start time
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 and set(summary["eval"]) == {"frozenlake", "reasoning_gym/leg_counting"}
+    assert summary["steps"] == 2 and set(summary["eval"]) == {"frozenlake"}
+    assert summary["eval"]["frozenlake"]["overlap"] == 0 and summary["eval"]["frozenlake"]["n_eval"] == 2
     assert any(
         o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
         for c in nb.cells

@@ -11,8 +11,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 def test_quickstart_resolves_with_defaults_filled_in():
     cfg = load_config(QUICKSTART)
     assert cfg.name == "quickstart"
-    assert [t.name for t in cfg.tasks] == ["frozenlake", "reasoning_gym/leg_counting"]
-    assert cfg.tasks[0].profile.value == "prefill-heavy" and cfg.tasks[1].profile.value == "decode-heavy"
+    assert [t.name for t in cfg.tasks] == ["frozenlake"]
+    assert cfg.tasks[0].profile.value == "prefill-heavy" and cfg.tasks[0].env_args["random_map"] is True
+    assert cfg.tasks[0].eval_problems >= 100 and cfg.tasks[0].eval_fraction == 0.2
     assert cfg.train.mode == "areal" and cfg.train.alpha == 1 and cfg.model.pretrain_steps == 100
     assert cfg.backends.metadata_url.startswith("sqlite:///")
     # the resolved YAML loads back to the same config
@@ -22,9 +23,9 @@ def test_quickstart_resolves_with_defaults_filled_in():
 
 
 def test_overrides_set_nested_fields_and_list_items():
-    cfg = load_config(QUICKSTART, ["train.lr=1e-4", "tasks.1.weight=3", "rollout.granularity=batch"])
+    cfg = load_config(QUICKSTART, ["train.lr=1e-4", "tasks.0.weight=3", "rollout.granularity=batch"])
     assert cfg.train.lr == pytest.approx(1e-4)
-    assert cfg.tasks[1].weight == 3.0
+    assert cfg.tasks[0].weight == 3.0
     assert cfg.rollout.granularity == "batch"
 
 
@@ -71,3 +72,34 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="tasks: Field required"):
         load_config(data={})
+
+
+@pytest.mark.parametrize(
+    ("task", "problem"),
+    [
+        ({"env": "gem", "eval_problems": 10}, "tasks[0]: eval_problems: env 'gem' has no held-out split"),
+        (
+            {"env": "frozenlake", "eval_problems": 10},
+            "tasks[0]: eval_problems: FrozenLake needs env_args.random_map",
+        ),
+        ({"env": "frozenlake", "eval_fraction": 0.3}, "tasks[0]: eval_fraction: set eval_problems too"),
+        ({"env": "frozenlake", "eval_temperature": 1.0}, "tasks[0]: eval_temperature: set eval_problems too"),
+        (
+            {"env": "frozenlake", "env_args": {"random_map": True}, "eval_problems": 10, "eval_samples": 4},
+            "tasks[0]: eval_samples: greedy evaluation plays each problem one way",
+        ),
+        (
+            {"env": "frozenlake", "eval_problems": 5, "eval_fraction": 0.7},
+            "tasks[0].eval_fraction: Input should be",
+        ),
+    ],
+)
+def test_evaluation_settings_without_a_held_out_split_behind_them_are_refused(task, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(data={"tasks": [task]})
+    assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
+
+
+def test_weight_store_bytes_need_the_mooncake_store():
+    with pytest.raises(ConfigError, match="weight_store_bytes sizes the Mooncake store"):
+        load_config(QUICKSTART, ["backends.weight_store=ray", "backends.weight_store_bytes=1073741824"])

@@ -30,20 +30,46 @@ async def test_correct_answer_scores_one_and_ends_episode():
     assert obs.startswith("Calculate 5 - 3 - 6.")  # = -4
     step = await env.step("5 - 3 = 2, 2 - 6 = -4. <answer> -4 </answer>")
     assert (step.reward, step.done) == (1.0, True)
-    assert step.info == {"answer": "-4", "success": True}
+    assert step.info == {"answer": "-4", "success": True, "lenient": True, "partial": 1.0, "formatted": True}
     await env.reset(0)
     assert (await env.step("  -4\n")).reward == 1.0  # no tag: the stripped text
 
 
-async def test_wrong_answers_score_less():
+async def test_wrong_answers_score_zero_and_partial_credit_is_opt_in():
     env = ReasoningGymEnv("basic_arithmetic", size=5, dataset_seed=1)
     await env.reset(0)
     step = await env.step("<answer>7</answer>")
     assert (step.reward, step.done, step.info["success"]) == (0.0, True, False)
     await env.reset(0)
-    partial = await env.step("<answer>-4 apples</answer>")  # oracle inside: len("-4") / len("-4 apples")
-    assert partial.reward == pytest.approx(2 / 9)
-    assert partial.info["success"] is False
+    near = await env.step("<answer>-4 apples</answer>")  # graded: len("-4") / len("-4 apples")
+    assert (near.reward, near.info["success"]) == (0.0, False)
+    assert near.info["partial"] == pytest.approx(2 / 9) and near.info["lenient"] is True
+    graded = ReasoningGymEnv("basic_arithmetic", size=5, dataset_seed=1, partial_credit=True)
+    await graded.reset(0)
+    step = await graded.step("<answer>-4 apples</answer>")
+    assert step.reward == pytest.approx(2 / 9) and step.info["success"] is False
+
+
+async def test_format_reward_is_added_for_answer_tags_only():
+    env = ReasoningGymEnv("basic_arithmetic", size=5, dataset_seed=1, format_reward=0.1)
+    await env.reset(0)
+    assert (await env.step("<answer>7</answer>")).reward == pytest.approx(0.1)
+    await env.reset(0)
+    assert (await env.step("<answer>-4</answer>")).reward == pytest.approx(1.1)
+    await env.reset(0)
+    plain = await env.step("-4")
+    assert plain.reward == 1.0 and plain.info["formatted"] is False
+
+
+@pytest.mark.parametrize(
+    ("output", "lenient"),
+    [("5 - 3 = 2, 2 - 6 = -4", True), ("it is -4.", True), ("-40", False), ("4", False), ("x-4y", False)],
+)
+async def test_lenient_accuracy_finds_the_answer_as_a_whole_token(output, lenient):
+    env = ReasoningGymEnv("basic_arithmetic", size=5, dataset_seed=1)
+    await env.reset(0)  # answer -4
+    step = await env.step(output)
+    assert step.info["lenient"] is lenient and step.info["success"] is False
 
 
 @pytest.mark.parametrize("action", ["", "\udcff" * 10, "<answer></answer>", "x" * 1_000_000])
