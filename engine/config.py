@@ -69,6 +69,11 @@ class TaskConfig(_Strict):
     max_turns: int = Field(10, ge=1)
     max_tokens: int = Field(16, ge=1, description="generation budget per turn")
     profile: Profile = Profile.PREFILL_HEAVY
+    response_prefix: str = Field(
+        "",
+        description="text each reply starts with, prefilled into the prompt (e.g. '<answer>'); the env "
+        "scores prefix + generated text, and only the generated tokens are trained",
+    )
     eval_problems: int = Field(
         0, ge=0, description="distinct held-out problems (maps) evaluated; 0 = no evaluation of this task"
     )

@@ -70,6 +70,7 @@ def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
                 cfg.model.max_context,
                 cfg.rollout.temperature,
                 cfg.rollout.env_timeout_s,
+                t.response_prefix,
             ),
             t.profile.value,
             t.eval_problems,

@@ -34,6 +34,9 @@ class TurnLimits:
     max_context: int  # tokens; the next turn must fit prompt + max_tokens
     temperature: float = 1.0
     env_timeout_s: float = 60.0
+    # Text every reply starts with, prefilled after the generation prompt (e.g. "<answer>"): part of the
+    # context, not of the trained action; the env reads prefix + generated text.
+    response_prefix: str = ""
 
 
 def _never(_traj: Trajectory, _version: int) -> str | None:
@@ -60,6 +63,8 @@ class EnvManager:
         self.env, self.chat, self.gen, self.limits = env, chat, generator, limits
         self.profile = profile
         self.should_abort = should_abort
+        prefix = limits.response_prefix
+        self._prefix_ids = list(chat.tok.encode(prefix, add_special_tokens=False)) if prefix else []
 
     async def run(self, traj: Trajectory) -> Trajectory:
         """Play one episode into `traj` (mutated and returned). Raises only CancelledError."""
@@ -88,7 +93,7 @@ class EnvManager:
         lim = self.limits
         obs, env_s = await _timed(self.env.reset(traj.seed), lim.env_timeout_s)
         traj.timings["env_s"] = env_s
-        obs_ids = self.chat.first(self.env.instructions, str(obs))
+        obs_ids = self.chat.first(self.env.instructions, str(obs)) + self._prefix_ids
         if len(obs_ids) + lim.max_tokens > lim.max_context:  # not one turn fits: nothing to learn from
             return self._end(
                 traj,
@@ -119,7 +124,7 @@ class EnvManager:
                 return self._end(traj, TrajStatus.ABORTED, "generation_aborted")
             if traj.start_version < 0:
                 traj.start_version = out.version
-            action = self.chat.decode(out.token_ids)
+            action = lim.response_prefix + self.chat.decode(out.token_ids)  # the reply as the env reads it
             turn = Turn(
                 observation=str(obs),
                 obs_ids=obs_ids,
@@ -141,6 +146,6 @@ class EnvManager:
                 traj.info.update(step.info)
                 return self._end(traj, TrajStatus.DONE)
             obs = step.observation
-            obs_ids = self.chat.next(str(obs), out.token_ids)
+            obs_ids = self.chat.next(str(obs), out.token_ids) + self._prefix_ids
             context = context + out.token_ids + obs_ids
         return self._end(traj, TrajStatus.TRUNCATED, "max_turns")

@@ -90,3 +90,18 @@ async def test_should_abort_is_checked_after_every_generation():
 
     t = await manager(FrozenLakeEnv(), gen, should_abort=stale_after_two).run(Trajectory("t", "g", "f", 0))
     assert t.status == TrajStatus.ABORTED and t.failure == "stale" and seen == [1, 2]
+
+
+async def test_a_response_prefix_is_context_and_the_env_reads_the_whole_reply():
+    limits = TurnLimits(max_turns=10, max_tokens=8, max_context=1024, response_prefix="<answer>")
+    gen = ScriptedGenerator(lambda k: OPTIMAL[k] + "</answer>")
+    chat = ChatFormat(tokenizer())
+    t = await EnvManager(FrozenLakeEnv(), chat, gen, limits, "prefill-heavy").run(
+        Trajectory("t", "g", "f", 0)
+    )
+    assert t.status == TrajStatus.DONE and t.info["success"] is True
+    assert [x.action_text for x in t.turns] == [f"<answer>{m}</answer>" for m in OPTIMAL]
+    prefix = chat.tok.encode("<answer>", add_special_tokens=False)
+    for k, req in enumerate(gen.requests):  # every turn's prompt ends with the prefill; actions exclude it
+        assert req.prompt_ids[-len(prefix) :] == prefix == t.turns[k].obs_ids[-len(prefix) :]
+        assert chat.decode(t.turns[k].action_ids).startswith(OPTIMAL[k])
