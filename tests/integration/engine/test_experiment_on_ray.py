@@ -22,7 +22,6 @@ def test_five_async_iterations_advance_versions_within_the_bound(tmp_path):
             "rollout.concurrency=16",
             "rollout.redundancy=1",
             "tasks.0.group_size=4",
-            "tasks.1.group_size=4",
             "tasks.0.max_turns=4",
             "backends.generation=vllm",
             "backends.weight_store=mooncake",

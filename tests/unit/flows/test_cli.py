@@ -23,7 +23,7 @@ def test_config_show_prints_resolved_yaml():
 def test_bad_config_exits_2_naming_every_problem_without_traceback(tmp_path):
     cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
     cfg["train"]["lr"] = -1
-    cfg["tasks"][1]["env"] = "chess_master"
+    cfg["tasks"][0]["env"] = "chess_master"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
     r = rollart("config", "show", str(path))
@@ -31,7 +31,7 @@ def test_bad_config_exits_2_naming_every_problem_without_traceback(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert "config error: train.lr: Input should be greater than 0" in lines
     assert any(
-        line.startswith("config error: tasks[1].env: unknown environment 'chess_master'") for line in lines
+        line.startswith("config error: tasks[0].env: unknown environment 'chess_master'") for line in lines
     )
     assert len(lines) == 2
     assert "Traceback" not in r.stderr and r.stdout == ""
