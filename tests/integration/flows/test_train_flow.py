@@ -131,9 +131,10 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     path = tmp_path / "flowtest.yaml"
     path.write_text(yaml.safe_dump(config(tmp_path, s3_endpoint, steps=2)))
     out = await evaluate_run(str(path), checkpoint=1)
-    lake = out["eval"]["frozenlake"]
-    assert out["checkpoint_step"] == 1 and (lake["version"], lake["n_eval"], lake["overlap"]) == (1, 3, 0)
-    assert lake["baseline"] == 0.0 and (run_dir / "eval-step1.json").exists()
+    scored = out["eval"]["frozenlake"]
+    assert out["checkpoint_step"] == 1
+    assert (scored["version"], scored["n_eval"], scored["overlap"]) == (1, 3, 0)
+    assert scored["baseline"] == 0.0 and (run_dir / "eval-step1.json").exists()
     with pytest.raises(FileNotFoundError, match="no checkpoint at step 7"):
         await evaluate_run(str(path), checkpoint=7)
 

@@ -16,6 +16,9 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
         "PREFECT_MEMO_STORE_PATH": home / "memo",
         "PREFECT_LOCAL_STORAGE_PATH": home / "storage",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # a new PREFECT_HOME migrates its database first (~20 s): on a loaded 2-core machine that overran
+        # the default start-up timeout once ("Timed out while attempting to connect to ephemeral ... server")
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "ROLLART_ROOT": ROOT,
         "ROLLART_RUN_ROOT": tmp_path / "runs",
         "ROLLART_NOTEBOOK_STEPS": "2",
