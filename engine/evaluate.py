@@ -91,7 +91,7 @@ async def majority_baseline(spec: TaskSpec) -> dict[str, Any]:
             env = eval_env(spec)
             await env.reset(seed)
             for _ in range(spec.limits.max_turns):
-                step = await env.step(f"<answer>{answer}</answer>")
+                step = await env.step(env.format_answer(answer))
                 if step.done:
                     wins += bool(step.info.get("success"))
                     break

@@ -38,6 +38,10 @@ class Env(ABC):
     @abstractmethod
     async def step(self, action: str) -> EnvStep: ...
 
+    def format_answer(self, answer: str) -> str:
+        """`answer` written the way the task asks for answers (what a constant-answer baseline says)."""
+        return f"{_OPEN}{answer}{_CLOSE}"
+
     async def close(self) -> None:  # noqa: B027 - optional for envs
         """Release env resources (sandboxes, subprocesses)."""
 

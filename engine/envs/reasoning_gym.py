@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Literal
 
 import reasoning_gym as rg
 from reasoning_gym.dataset import ProceduralDataset
@@ -19,7 +19,12 @@ from engine.envs.base import Env, EnvStep, extract_answer, has_answer_tags, unkn
 from engine.envs.split import Split, check_split, held_out
 from engine.types import Profile
 
-_FORMAT_LINE = "Give only the final answer inside <answer></answer>."
+AnswerFormat = Literal["tags", "the_answer_is"]
+_FORMAT_LINES: dict[str, str] = {
+    "tags": "Give only the final answer inside <answer></answer>.",
+    "the_answer_is": 'End your reply with "The answer is N." where N is the final answer.',
+}
+_ANSWER_IS = "the answer is"
 _CACHE: dict[tuple[str, int, int, str], ProceduralDataset] = {}
 _POOLS: dict[tuple, list[int]] = {}
 
@@ -59,17 +64,20 @@ class ReasoningGymEnv(Env):
     drawn at random from [0, 2**31)); the `eval` split poses the `seed`-th *distinct* held-out
     question, so seeds 0..n-1 are n different problems, none of which a training env ever poses.
 
-    Reward: 1 for an exact match of the answer (the content of the last `<answer>` tags, else the whole
-    stripped output), else 0; `partial_credit` pays reasoning-gym's graded score instead (e.g. "46" earns
-    0.26 when the answer is 6), and `format_reward` is added when the output has `<answer>` tags.
-    `info["success"]` is the exact match whatever the reward; `info["lenient"]` says whether the right
-    answer appears anywhere in the output (did the model know it, whatever the format), and
+    Reward: 1 for an exact match of the answer, else 0. The answer given is read in `answer_format`:
+    `tags` (reasoning-gym's own: the content of the last `<answer>` tags) or `the_answer_is` (the rest
+    of the line after the last "The answer is", trailing period dropped: the strict-match format of
+    chain-of-thought GSM8K evaluations, which small chat models write unprompted where they never
+    write tags); either way an output without the format is read whole, stripped. `partial_credit`
+    pays reasoning-gym's graded score instead (e.g. "46" earns 0.26 when the answer is 6), and
+    `format_reward` is added when the output is in the format. `info["success"]` is the exact match
+    whatever the reward; `info["lenient"]` says whether the right answer appears anywhere in the
+    output (did the model know it, whatever the format), and
     `info["partial"]` is the graded score. `**dataset_config` goes to the dataset's config class.
     """
 
     name = "reasoning_gym"
     default_profile = Profile.DECODE_HEAVY
-    instructions = f"Solve the problem. {_FORMAT_LINE}"
 
     def __init__(
         self,
@@ -80,9 +88,15 @@ class ReasoningGymEnv(Env):
         split: Split = "train",
         partial_credit: bool = False,
         format_reward: float = 0.0,
+        answer_format: AnswerFormat = "tags",
         **dataset_config: Any,
     ) -> None:
         check_split(split, eval_fraction)
+        if answer_format not in _FORMAT_LINES:
+            raise unknown_choice("answer_format", answer_format, sorted(_FORMAT_LINES))
+        self.answer_format = answer_format
+        self._format_line = _FORMAT_LINES[answer_format]
+        self.instructions = f"Solve the problem. {self._format_line}"
         self.dataset = dataset
         self.split = split
         self.partial_credit = partial_credit
@@ -110,9 +124,12 @@ class ReasoningGymEnv(Env):
         """Every answer of this split's problems: the constant answers a majority baseline tries."""
         return sorted({str(self._data[i]["answer"]).strip() for i in self._pool})
 
+    def format_answer(self, answer: str) -> str:
+        return super().format_answer(answer) if self.answer_format == "tags" else f"The answer is {answer}."
+
     async def reset(self, seed: int) -> str:
         self._entry = self._data[self.entry_index(seed)]
-        return f"{self._entry['question']}\n{_FORMAT_LINE}"
+        return f"{self._entry['question']}\n{self._format_line}"
 
     async def step(self, action: str) -> EnvStep:
         entry = self._entry
@@ -120,7 +137,7 @@ class ReasoningGymEnv(Env):
             raise RuntimeError("ReasoningGymEnv: step() needs an episode in progress; call reset() first")
         self._entry = None
         answer = str(entry["answer"]).strip()
-        given = extract_answer(action)
+        given, formatted = self._read(action)
         info: dict[str, Any] = {"answer": entry["answer"]}
         try:
             partial = float(self._data.score_answer(given, entry))
@@ -128,10 +145,19 @@ class ReasoningGymEnv(Env):
             partial = 0.0
             info["score_error"] = f"{type(e).__name__}: {e}"
         exact = given == answer
-        formatted = has_answer_tags(action)
         info.update(success=exact, lenient=_mentions(action, answer), partial=partial, formatted=formatted)
         reward = (partial if self.partial_credit else float(exact)) + self.format_reward * formatted
         return EnvStep("", reward, True, info)
+
+    def _read(self, action: str) -> tuple[str, bool]:
+        """The answer the output gives, and whether it is in the answer format."""
+        if self.answer_format == "tags":
+            return extract_answer(action), has_answer_tags(action)
+        start = action.lower().rfind(_ANSWER_IS)
+        if start < 0:
+            return action.strip(), False
+        line = action[start + len(_ANSWER_IS) :].split("\n", 1)[0].strip()
+        return line.removesuffix(".").strip(), True
 
 
 def _pool(

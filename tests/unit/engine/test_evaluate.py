@@ -73,6 +73,12 @@ async def test_the_majority_baseline_is_the_most_common_answer_and_a_constant_sc
     assert res["success"] == pytest.approx(base["success"])
 
 
+async def test_the_baseline_writes_its_answer_in_the_task_format():
+    tags = await majority_baseline(spec(40))
+    answer_is = await majority_baseline(spec(40, args={**ARGS, "answer_format": "the_answer_is"}))
+    assert answer_is == tags and tags["success"] > 0
+
+
 async def test_frozenlake_constant_moves_never_reach_the_goal_on_held_out_maps():
     lake = spec(50, "frozenlake", {"random_map": True, "eval_fraction": 0.2})
     base = await majority_baseline(lake)

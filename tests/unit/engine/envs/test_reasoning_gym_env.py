@@ -62,6 +62,35 @@ async def test_format_reward_is_added_for_answer_tags_only():
 
 
 @pytest.mark.parametrize(
+    ("output", "given", "formatted"),
+    [
+        ("5 - 3 = 2, 2 - 6 = -4\nThe answer is -4.", "-4", True),
+        ("the answer is 2. No wait: The answer is -4 \nbecause 5 - 3 - 6 = -4", "-4", True),
+        ("The answer is -4 apples.", "-4 apples", True),
+        ("The answer is", "", True),
+        ("  -4\n", "-4", False),
+        ("<answer>-4</answer>", "<answer>-4</answer>", False),
+    ],
+)
+async def test_the_answer_is_format_reads_the_rest_of_its_last_line(output, given, formatted):
+    env = ReasoningGymEnv(
+        "basic_arithmetic", size=5, dataset_seed=1, answer_format="the_answer_is", format_reward=0.5
+    )
+    obs = await env.reset(0)  # answer -4
+    assert env.instructions.endswith('End your reply with "The answer is N." where N is the final answer.')
+    assert obs.endswith("\nEnd your reply with \"The answer is N.\" where N is the final answer.")
+    step = await env.step(output)
+    exact = given == "-4"
+    assert (step.info["success"], step.info["formatted"]) == (exact, formatted)
+    assert step.reward == pytest.approx(float(exact) + 0.5 * formatted)
+
+
+def test_unknown_answer_format_is_refused():
+    with pytest.raises(ValueError, match=r"unknown answer_format 'answer_is'.*known: tags, the_answer_is"):
+        ReasoningGymEnv("basic_arithmetic", size=5, answer_format="answer_is")
+
+
+@pytest.mark.parametrize(
     ("output", "lenient"),
     [("5 - 3 = 2, 2 - 6 = -4", True), ("it is -4.", True), ("-40", False), ("4", False), ("x-4y", False)],
 )
