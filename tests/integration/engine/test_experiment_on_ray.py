@@ -11,7 +11,7 @@ from tests.integration.flows.test_train_flow import ROOT
 
 def test_five_async_iterations_advance_versions_within_the_bound(tmp_path):
     cfg = load_config(
-        ROOT / "configs" / "quickstart.yaml",
+        ROOT / "configs" / "frozenlake.yaml",
         [
             f"run_root={tmp_path}",
             "train.steps=5",

@@ -55,7 +55,7 @@ def s3_endpoint():
 
 
 def config(tmp_path, s3: str, steps: int) -> dict:
-    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "frozenlake.yaml").read_text())
     cfg.update(name="flowtest", run_root=str(tmp_path / "runs"))
     cfg["model"]["pretrain_steps"] = 0  # a random tiny model: the flow machinery is under test, not learning
     cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_problems=3, eval_samples=1)]

@@ -33,7 +33,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
                 '\ndata["rollout"].update(concurrency=8, redundancy=0)'
                 '\ndata["train"].update(batch_groups=2)'
                 '\nfor t in data["tasks"]:'
-                '\n    t.update(group_size=2, max_turns=3, eval_problems=2, eval_samples=1)'
+                "\n    t.update(group_size=2, max_turns=3, eval_problems=2, eval_samples=1)"
                 "\ncfg = load_config(data=data)"
             )
     NotebookClient(

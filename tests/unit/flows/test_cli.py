@@ -12,7 +12,7 @@ def rollart(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_config_show_prints_resolved_yaml():
-    r = rollart("config", "show", "configs/quickstart.yaml", "--set", "train.steps=7")
+    r = rollart("config", "show", "configs/frozenlake.yaml", "--set", "train.steps=7")
     assert r.returncode == 0, r.stderr
     resolved = yaml.safe_load(r.stdout)
     assert resolved["train"]["steps"] == 7
@@ -21,7 +21,7 @@ def test_config_show_prints_resolved_yaml():
 
 
 def test_bad_config_exits_2_naming_every_problem_without_traceback(tmp_path):
-    cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs/frozenlake.yaml").read_text())
     cfg["train"]["lr"] = -1
     cfg["tasks"][0]["env"] = "chess_master"
     path = tmp_path / "bad.yaml"

@@ -78,7 +78,7 @@ async def test_the_answer_is_format_reads_the_rest_of_its_last_line(output, give
     )
     obs = await env.reset(0)  # answer -4
     assert env.instructions.endswith('End your reply with "The answer is N." where N is the final answer.')
-    assert obs.endswith("\nEnd your reply with \"The answer is N.\" where N is the final answer.")
+    assert obs.endswith('\nEnd your reply with "The answer is N." where N is the final answer.')
     step = await env.step(output)
     exact = given == "-4"
     assert (step.info["success"], step.info["formatted"]) == (exact, formatted)
