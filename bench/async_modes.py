@@ -38,7 +38,8 @@ from bench.report import load_note, new_figure, pick_settings, print_table, save
 PAPER_SPEEDUP = (2.65, 4.58)  # RollArt end-to-end throughput over the synchronous baseline
 FULL = RunSettings()
 QUICK = replace(FULL, steps=3, rounds=1)
-ROW_KEYS = ("mode", "alpha", "step_s", "tokens_per_s", "tokens_per_s_se", "speedup_vs_sync")
+BIAS_KEYS = ("trained_mean_turns", "started_mean_turns", "aborted_token_frac")  # selection bias
+ROW_KEYS = ("mode", "alpha", "step_s", "tokens_per_s", "tokens_per_s_se", "speedup_vs_sync", *BIAS_KEYS)
 TIE_SE = 2.0  # throughputs closer than this many combined standard errors are a tie
 
 
@@ -86,6 +87,7 @@ def build_rows(runs: dict[str, dict[str, Any]], se: dict[str, float]) -> list[di
             "tokens_per_s": r["tokens_per_s"],
             "tokens_per_s_se": se[mode],
             "speedup_vs_sync": r["tokens_per_s"] / base if base else None,
+            **{k: r[k] for k in BIAS_KEYS},
         }
         for mode in MODE_ORDER
         if (r := runs.get(mode)) is not None
@@ -158,6 +160,8 @@ def _table(rows: list[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> list[
             "sync_s": f"{runs[r['mode']]['sync_s']:.2f}",
             "aborted": str(runs[r["mode"]]["aborted"]),
             "stale": str(runs[r["mode"]]["staleness_max"]),
+            "turns trained/started": f"{r['trained_mean_turns']:.2f}/{r['started_mean_turns']:.2f}",
+            "aborted tok": f"{r['aborted_token_frac']:.0%}",
         }
         for r in rows
     ]

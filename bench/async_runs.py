@@ -157,6 +157,17 @@ def _counts(stats: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def bias_summary(bias: dict[str, float]) -> dict[str, float]:
+    """The run's selection bias (engine/rollout/selection.py), for its one task: trained vs started mean
+    turns, and the share of generated tokens that went into aborted trajectories."""
+    turns = {k.rsplit("/", 1)[1]: v for k, v in bias.items() if k.endswith("_mean_turns")}
+    return {
+        "trained_mean_turns": turns.get("trained_mean_turns", 0.0),
+        "started_mean_turns": turns.get("started_mean_turns", 0.0),
+        "aborted_token_frac": bias["bias/aborted_token_frac"],
+    }
+
+
 def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     """One run's measured steps as means; tokens/s is total trained tokens over total step time.
 
@@ -195,7 +206,7 @@ def _run_one(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: st
         exp.start_actors(env_factory=LatencyEnvs(s.env_ms, s.env_sigma_ms, s.seed))
         proto = exp.protocol()
 
-        async def drive() -> tuple[list[dict[str, Any]], dict[str, int], float]:
+        async def drive() -> tuple[list[dict[str, Any]], dict[str, float], float]:
             await proto.start()
             for _ in range(s.warmup):
                 await proto.step()
@@ -203,8 +214,9 @@ def _run_one(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: st
             t0 = time.perf_counter()
             steps = [await proto.step() for _ in range(s.steps)]
             wall = time.perf_counter() - t0
-            after = _counts(await exp.rollout.stats.remote())
-            return steps, {k: after[k] - before[k] for k in after}, wall
+            stats = await exp.rollout.stats.remote()
+            after = _counts(stats)
+            return steps, {**{k: after[k] - before[k] for k in after}, **bias_summary(stats["bias"])}, wall
 
         steps, counts, wall = asyncio.run(drive())
     finally:

@@ -163,6 +163,31 @@ class TrainConfig(_Strict):
     )
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_alpha(cls, data: Any) -> Any:
+        """The sync modes are on-policy (α = 0) and one-off one step behind (α = 1) by construction."""
+        if isinstance(data, dict) and data.get("mode") in _FIXED_ALPHA and "alpha" not in data:
+            return {**data, "alpha": _FIXED_ALPHA[data["mode"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _mode_alpha(self) -> TrainConfig:
+        """Another α for a mode that fixes it would have nothing behind it; rollart at α = 0 would abort
+        every trajectory in flight at each bump and never fill a batch."""
+        fixed = _FIXED_ALPHA.get(self.mode)
+        if fixed is not None and self.alpha != fixed:
+            raise ValueError(
+                f"alpha: mode {self.mode} always runs at alpha {fixed}, "
+                f"got {self.alpha} (drop it or set {fixed})"
+            )
+        if self.mode == "rollart" and self.alpha == 0:
+            raise ValueError("alpha: rollart needs alpha >= 1 (for on-policy training use mode sync+)")
+        return self
+
+
+_FIXED_ALPHA = {"sync": 0, "sync+": 0, "one-off": 1}
+
 
 class PoolConfig(_Strict):
     name: str

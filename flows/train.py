@@ -99,6 +99,7 @@ async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
             metrics[f"rollout/{name}/reward"] = t["reward_mean"]
             metrics[f"rollout/{name}/success"] = t["success_rate"]
     metrics.update({f"count/{k}": v for k, v in rollout["counts"].items()})
+    metrics.update(rollout["bias"])  # trained vs started: turns, tokens, success (rollout/selection.py)
     if (step + 1) % exp.cfg.train.checkpoint_every == 0 or step + 1 == last:
         metrics["checkpoint"] = await timed(
             "checkpoint", lambda: asyncio.to_thread(save_checkpoint, exp, step + 1)

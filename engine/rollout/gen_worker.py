@@ -7,8 +7,9 @@ and loads the weights in place; outputs then carry version v.
 
 Fault injection (`faults.gen_kill_after_requests`, config key `kill_after_requests`): worker 0's process
 exits on its N-th request, in-flight requests and all. Ray restarts the actor (the Cluster gives it
-`max_restarts`); the restarted incarnation does not die again, serves the initial weights until the next
-`update`, and the LLMProxy retries the lost requests on another worker.
+`max_restarts`); the restarted incarnation does not die again, and the LLMProxy retries the lost requests
+on another worker. A restarted worker loads the newest published version in its constructor, before it
+serves (Ray queues the calls sent to it meanwhile), so it never answers with the initial weights.
 """
 
 from __future__ import annotations
@@ -46,7 +47,17 @@ class GenerationWorker(Worker):
         self.prefetcher = WeightPrefetcher(open_store(store), self.config["run_id"]) if store else None
         kill = self.config.get("kill_after_requests")
         self.requests = 0
-        self.kill_after: int | None = kill if kill and self.rank == 0 and not _restarted() else None
+        restarted = _restarted()
+        self.kill_after: int | None = kill if kill and self.rank == 0 and not restarted else None
+        if restarted and self.prefetcher is not None:
+            self._rejoin(self.prefetcher)
+
+    def _rejoin(self, prefetcher: WeightPrefetcher) -> None:
+        """Load the newest published weights (none published yet: the initial ones are current)."""
+        version = prefetcher.latest()
+        if version is not None:
+            tensors, _ = prefetcher.wait(version)
+            self.backend.load_weights(tensors.items(), version)
 
     async def generate(self, request: GenRequest) -> GenOutput:
         self.requests += 1

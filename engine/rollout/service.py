@@ -23,6 +23,7 @@ from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.reward import RewardScorer
 from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+from engine.rollout.selection import SelectionBias
 from engine.rollout.staleness import StalenessPolicy
 from engine.types import GenOutput, GenRequest, Group, Trajectory, TrajStatus
 
@@ -89,6 +90,7 @@ class RolloutService:
         )
         self._runner: asyncio.Task[None] | None = None
         self._problems: dict[str, set[str]] = defaultdict(set)  # task -> ids of the problems rolled out
+        self.bias = SelectionBias()
 
     async def start(self) -> None:
         if self._runner is None:
@@ -103,11 +105,12 @@ class RolloutService:
     async def get_batch(self, num_groups: int, version: int, timeout_s: float | None = None) -> list[Group]:
         """Wait for a batch — or for the rollout to end, whose reason is raised instead of hanging."""
         batch = asyncio.ensure_future(self.buffer.get_batch(num_groups, version, timeout_s))
-        if self._runner is None:
-            return await batch
-        await asyncio.wait({batch, self._runner}, return_when=asyncio.FIRST_COMPLETED)
-        if batch.done():
-            return batch.result()
+        if self._runner is not None:
+            await asyncio.wait({batch, self._runner}, return_when=asyncio.FIRST_COMPLETED)
+        if self._runner is None or batch.done():
+            groups = await batch
+            self.bias.trained(groups)
+            return groups
         batch.cancel()
         self._runner.result()  # re-raises if the scheduler crashed
         raise RuntimeError(f"rollout stopped: {self.scheduler.fatal or 'the scheduler ended'}")
@@ -120,6 +123,7 @@ class RolloutService:
 
     def _drain(self) -> list[Trajectory]:
         finished = self.scheduler.drain_finished()
+        self.bias.ended(finished)
         for t in finished:
             if t.turns:
                 self._problems[t.task].add(problem_id(t.turns[0].observation))
@@ -158,4 +162,5 @@ class RolloutService:
             "reward": dict(self.reward.counts),
             "tasks": per_task,
             "tokens": sum(t.num_action_tokens for t in finished),
+            "bias": self.bias.metrics(),
         }

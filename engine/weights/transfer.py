@@ -11,7 +11,8 @@ before the publish does: it waits for the manifest, then reads each bucket as so
 pull overlaps the push instead of following it. A version is complete once all the buckets its
 manifest lists are there.
 
-Store layout per run: `{run}/v{version}/manifest` and `{run}/v{version}/bucket{i}`. Zero-byte buckets
+Store layout per run: `{run}/v{version}/manifest` and `{run}/v{version}/bucket{i}`, and `{run}/latest`
+naming the newest complete version (what a restarted worker loads before it serves). Zero-byte buckets
 are not stored. A retried publish of a version first removes what an earlier attempt left of it.
 """
 
@@ -40,6 +41,10 @@ def manifest_key(run_id: str, version: int) -> str:
     return f"{version_prefix(run_id, version)}manifest"
 
 
+def latest_key(run_id: str) -> str:
+    return f"{run_id}/latest"
+
+
 class WeightPublisher:
     """Trainer side: bucketise a state dict, push it, keep only the newest `keep_last` versions."""
 
@@ -61,6 +66,7 @@ class WeightPublisher:
         for i, data in enumerate(buckets):
             if data.nbytes:
                 self.store.put(bucket_key(self.run_id, version, i), data)
+        self.store.put(latest_key(self.run_id), str(version).encode())
         t2 = time.perf_counter()
         self._versions.add(version)
         for old in sorted(v for v in self._versions if v <= version - self.keep_last):
@@ -102,6 +108,13 @@ class WeightPrefetcher:
         with self._lock:
             pull = self._pulls.get(version)
         return pull is not None and pull.done()
+
+    def latest(self) -> int | None:
+        """The newest complete version published for the run, None before the first publish."""
+        try:
+            return int(bytes(self.store.get(latest_key(self.run_id))))
+        except MissingKeyError:
+            return None
 
     def wait(
         self, version: int, timeout: float | None = None

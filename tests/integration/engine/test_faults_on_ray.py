@@ -86,3 +86,38 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
     finally:
         exp.teardown()
         ray.shutdown()
+
+
+def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(tmp_path):
+    """One generation worker, on-policy mode: it dies during step 2; Ray restarts it and it must load
+    v1 before serving, or the retried requests would be answered by v0 weights (staleness 1)."""
+    cfg = tiny_config(
+        tmp_path,
+        "rejoin",
+        faults={"seed": 1, "gen_kill_after_requests": 12},
+        train={"mode": "sync", "alpha": 0},
+    )
+    cfg["resources"]["roles"]["actor_gen"] = {"pool": "bandwidth", "count": 1}
+    exp = Experiment(load_config(data=cfg))
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        exp.start_actors()
+        (gen0,) = (w.actor for w in exp.clusters["gen"].workers)
+        pid0 = ray.get(gen0.ping.remote())["pid"]
+        proto = exp.protocol()
+
+        async def run() -> list[dict]:
+            await proto.start()
+            return [await proto.step() for _ in range(3)]
+
+        metrics = asyncio.run(run())
+        ray.get(exp.rollout.stop.remote())
+        proxy = ray.get(exp.proxy.summary.remote())
+        assert set(proxy["worker_failures"]) == {"gen-0"} and ray.get(gen0.ping.remote())["pid"] != pid0
+        assert [m["version"] for m in metrics] == [1, 2, 3]
+        assert [m["staleness_max"] for m in metrics] == [0, 0, 0]  # every sample from the current weights
+    finally:
+        exp.teardown()
+        ray.shutdown()

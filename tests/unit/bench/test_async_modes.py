@@ -25,7 +25,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_of(mode: str, step_s: float, tokens_per_s: float, **kw: float) -> dict:
-    return {"mode": mode, "alpha": mode_alpha(mode, 1), "step_s": step_s, "tokens_per_s": tokens_per_s, **kw}
+    bias = {"trained_mean_turns": 2.0, "started_mean_turns": 2.5, "aborted_token_frac": 0.1}
+    return {
+        "mode": mode,
+        "alpha": mode_alpha(mode, 1),
+        "step_s": step_s,
+        "tokens_per_s": tokens_per_s,
+        **bias,
+        **kw,
+    }
 
 
 def test_modes_are_parsed_into_the_expected_order_and_checked():
@@ -64,6 +72,7 @@ def test_rows_follow_the_mode_order_and_speedup_is_throughput_over_sync():
     assert [r["tokens_per_s_se"] for r in rows] == [1.0, 2.0, 3.0]
     assert [r["speedup_vs_sync"] for r in rows] == [1.0, 2.0, 4.0]
     assert [r["alpha"] for r in rows] == [0, 0, 1]
+    assert [r["started_mean_turns"] for r in rows] == [2.5] * 3  # the selection bias travels with each row
     del runs["sync"]
     assert [r["speedup_vs_sync"] for r in build_rows(runs, se)] == [None, None]  # no baseline, no ratio
 

@@ -6,6 +6,7 @@ from bench.async_runs import (
     LatencyEnvs,
     RunSettings,
     add_run_arguments,
+    bias_summary,
     experiment_data,
     median_run,
     summarize_steps,
@@ -102,3 +103,17 @@ def test_throughput_se_pools_every_step_of_every_round():
     # per-step throughputs 100, 200 (round 1) and 300 (round 2): stdev 100, n 3 -> 100 / √3
     assert throughput_se([run((100, 1.0), (400, 2.0)), run((300, 1.0))]) == pytest.approx(100 / 3**0.5)
     assert throughput_se([run((100, 1.0))]) == 0.0  # one step: no spread to measure
+
+
+def test_bias_summary_reads_the_one_tasks_turns_and_the_aborted_share():
+    bias = {
+        "bias/aborted_token_frac": 0.25,
+        "bias/lake/trained_mean_turns": 2.0,
+        "bias/lake/started_mean_turns": 3.0,
+        "bias/lake/trained_mean_tokens": 9.0,
+    }
+    assert bias_summary(bias) == {
+        "trained_mean_turns": 2.0,
+        "started_mean_turns": 3.0,
+        "aborted_token_frac": 0.25,
+    }

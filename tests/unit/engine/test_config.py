@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from engine.config import ConfigError, ExperimentConfig, apply_overrides, load_config
 
@@ -27,7 +28,6 @@ def test_frozenlake_resolves_with_defaults_filled_in():
     assert cfg.train.mode == "areal" and cfg.train.alpha == 1 and cfg.model.pretrain_steps == 100
     assert cfg.backends.metadata_url.startswith("sqlite:///")
     # the resolved YAML loads back to the same config
-    import yaml
 
     assert ExperimentConfig.model_validate(yaml.safe_load(cfg.to_yaml())) == cfg
 

@@ -64,6 +64,7 @@ def test_publish_clears_the_version_then_writes_the_manifest_first_and_buckets_i
         ("put", "run/v1/manifest"),
         ("put", "run/v1/bucket0"),
         ("put", "run/v1/bucket1"),
+        ("put", "run/latest"),  # named only once the version is complete
     ]
     assert not store.exists("run/v1/bucket5")
     assert timings["bytes"] == 512 + 72 and timings["buckets"] == 2
@@ -77,7 +78,19 @@ def test_only_the_last_k_versions_stay_in_the_store() -> None:
         publisher.publish(state_dict(v), version=v, bucket_bytes=512)
     assert [store.exists(manifest_key("run", v)) for v in range(1, 5)] == [False, False, True, True]
     assert not store.exists(bucket_key("run", 2, 0)) and store.exists(bucket_key("run", 4, 1))
-    assert store.delete_prefix("run/") == 6  # v3 and v4: two buckets and a manifest each
+    assert store.delete_prefix("run/") == 7  # v3 and v4: two buckets and a manifest each; latest
+
+
+def test_latest_names_the_newest_complete_version() -> None:
+    store = InMemoryStore()
+    prefetcher = WeightPrefetcher(store, "run")
+    assert prefetcher.latest() is None
+    publisher = WeightPublisher(store, "run")
+    for v in (1, 2):
+        publisher.publish(state_dict(v), version=v, bucket_bytes=512)
+        assert prefetcher.latest() == v
+    assert WeightPrefetcher(store, "other-run").latest() is None
+    prefetcher.close()
 
 
 def test_prefetched_tensors_equal_the_published_ones() -> None:
