@@ -45,6 +45,26 @@ def tiny_config(tmp_path, name: str, **sections) -> dict:
     return cfg
 
 
+def start(exp: Experiment) -> None:
+    exp.provision()
+    exp.prepare_model()
+    exp.start_weight_store()
+    exp.start_actors()
+
+
+def three_steps(exp: Experiment) -> list[dict]:
+    """Three training steps, then the rollout stopped: their metrics."""
+    proto = exp.protocol()
+
+    async def run() -> list[dict]:
+        await proto.start()
+        return [await proto.step() for _ in range(3)]
+
+    metrics = asyncio.run(run())
+    ray.get(exp.rollout.stop.remote())
+    return metrics
+
+
 def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
     faults = {
         "seed": 1,
@@ -55,20 +75,10 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
     }
     exp = Experiment(load_config(data=tiny_config(tmp_path, "faults", faults=faults)))
     try:
-        exp.provision()
-        exp.prepare_model()
-        exp.start_weight_store()
-        exp.start_actors()
+        start(exp)
         gen0, gen1 = (w.actor for w in exp.clusters["gen"].workers)
         pid0 = ray.get(gen0.ping.remote())["pid"]
-        proto = exp.protocol()
-
-        async def run() -> list[dict]:
-            await proto.start()
-            return [await proto.step() for _ in range(3)]
-
-        metrics = asyncio.run(run())
-        ray.get(exp.rollout.stop.remote())
+        metrics = three_steps(exp)
         stats = ray.get(exp.rollout.stats.remote())
         proxy = ray.get(exp.proxy.summary.remote())
 
@@ -100,20 +110,10 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
     cfg["resources"]["roles"]["actor_gen"] = {"pool": "bandwidth", "count": 1}
     exp = Experiment(load_config(data=cfg))
     try:
-        exp.provision()
-        exp.prepare_model()
-        exp.start_weight_store()
-        exp.start_actors()
+        start(exp)
         (gen0,) = (w.actor for w in exp.clusters["gen"].workers)
         pid0 = ray.get(gen0.ping.remote())["pid"]
-        proto = exp.protocol()
-
-        async def run() -> list[dict]:
-            await proto.start()
-            return [await proto.step() for _ in range(3)]
-
-        metrics = asyncio.run(run())
-        ray.get(exp.rollout.stop.remote())
+        metrics = three_steps(exp)
         proxy = ray.get(exp.proxy.summary.remote())
         assert set(proxy["worker_failures"]) == {"gen-0"} and ray.get(gen0.ping.remote())["pid"] != pid0
         assert [m["version"] for m in metrics] == [1, 2, 3]
