@@ -91,7 +91,10 @@ class GenerationWorker(Worker):
 
 
 def _restarted() -> bool:
-    """True in an actor incarnation that Ray restarted after the process died."""
+    """True in an actor incarnation that Ray restarted after the process died (False outside an actor)."""
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None:  # a worker object built in the driver (tests, local runs)
+        return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Ray's own implementation warns about a deprecated call
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        return bool(context.was_current_actor_reconstructed)
