@@ -92,6 +92,8 @@ class GenerationWorker(Worker):
 
 def _restarted() -> bool:
     """True in an actor incarnation that Ray restarted after the process died (False outside an actor)."""
+    if not ray.is_initialized():  # asking for the runtime context would start a local Ray instance
+        return False
     context = ray.get_runtime_context()
     if context.get_actor_id() is None:  # a worker object built in the driver (tests, local runs)
         return False

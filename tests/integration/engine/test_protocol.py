@@ -7,6 +7,7 @@ the trainer's version; in areal mode long trajectories spanning 2+ versions do r
 import asyncio
 
 import pytest
+import ray
 from transformers import AutoTokenizer
 
 from engine.envs.base import Env, EnvStep
@@ -102,6 +103,7 @@ async def run_steps(proto: IterationProtocol, rollout: RolloutService, n: int) -
 async def test_rollart_never_trains_beyond_alpha_and_versions_advance(model_dir):
     # one group in four is slow (1 s per env step): it outlives 2 updates, which α = 1 does not allow
     proto, trainer, gen, rollout = build(model_dir, "rollart", alpha=1, slow_s=1.0, every=4)
+    assert not ray.is_initialized()  # workers built in the driver must not start a Ray instance
     metrics = await run_steps(proto, rollout, 5)
     assert [m["version"] for m in metrics] == [1, 2, 3, 4, 5] and trainer.version() == 5
     assert all(m["staleness_max"] <= 1 for m in metrics)
