@@ -1,9 +1,10 @@
 """`rollart bench alpha-sweep`: rollart's step time and staleness aborts as the bound α grows (paper §7).
 
 The same real system and synthetic latency envs as `async-modes` (see `bench.async_runs`), in `rollart`
-mode only, once per α. A larger α aborts fewer trajectories (a trajectory is aborted when the serving
-version passes its start version + α) and so wastes less rollout, but trains on staler samples. The
-paper finds the gain plateaus: at most 1.22× the throughput of α = 1.
+mode only, once per α. A larger α admits more groups ahead of the trainer (a group starts only if the
+batch it lands in is within α of the version served), so more rollout overlaps training, on staler
+samples; aborts (work the admission did not foresee) should stay at 0. The paper finds the gain
+plateaus: at most 1.22× the throughput of α = 1.
 
 The default runs twice the envs one batch needs, so rollout runs ahead of training and α decides how
 much of that lead survives; env latency is spread wider than in `async-modes` (σ = μ/2) so long

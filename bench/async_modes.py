@@ -229,10 +229,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if best
             else ""
         )
-        + "stale: the most versions a trained sample's start lagged the trainer. areal checks α only when a "
-        "group starts, so it trains samples older than α that rollart aborts: at the same α it may be "
-        "faster, and the like-for-like comparison is rollart at areal's realised staleness (alpha-sweep).\n"
-        + load_note(load_before, load_after, os.cpu_count())
+        + "stale: the most versions a trained sample's start lagged the trainer (never above α: areal and "
+        "rollart admit a group only if the batch it lands in is within α). Selection bias: trained vs "
+        "started mean turns apart, or aborted tokens above a few percent, mean a mode trains a biased "
+        "sample.\n" + load_note(load_before, load_after, os.cpu_count())
     )
     print_table("Async modes: step time and throughput", _table(rows, runs), note)
     payload: dict[str, Any] = {

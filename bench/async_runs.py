@@ -43,6 +43,7 @@ class RunSettings:
     batch_groups: int = 4
     concurrency: int | None = None  # None: one batch worth of envs (batch_groups · group_size)
     turns: int = 4
+    max_turns: int | None = None  # set: a mixed-length workload, turns..max_turns per group (by seed)
     max_tokens: int = 4
     env_ms: float = 150.0
     env_sigma_ms: float = 50.0
@@ -83,6 +84,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, full: RunSettings, quick:
     add("--batch-groups", type=at_least(int, 1), help=f"groups per step B ({both('batch_groups')})")
     add("--concurrency", type=at_least(int, 1), help=f"envs at once ({both('concurrency')}; None: B*G)")
     add("--turns", type=at_least(int, 1), help=f"turns per trajectory ({both('turns')})")
+    add(
+        "--max-turns",
+        type=at_least(int, 1),
+        help="mixed lengths: each group's episodes last turns..max-turns turns, drawn by its seed",
+    )
     add("--max-tokens", type=at_least(int, 1), help=f"tokens per action ({both('max_tokens')})")
     add("--env-ms", type=at_least(float, 0), help=f"mean env latency per reset/step ({both('env_ms')})")
     add("--env-sigma-ms", type=at_least(float, 0), help=f"its std dev ({both('env_sigma_ms')})")
@@ -128,9 +134,9 @@ def experiment_data(s: RunSettings, mode: str, alpha: int, model_dir: str, run_r
         "tasks": [
             {
                 "env": "synthetic",
-                "env_args": {"turns": s.turns},
+                "env_args": {"turns": s.turns, "max_turns": s.max_turns},
                 "group_size": s.group_size,
-                "max_turns": s.turns,
+                "max_turns": s.max_turns or s.turns,
                 "max_tokens": s.max_tokens,
                 "profile": "prefill-heavy",
             }

@@ -241,7 +241,7 @@ async def rollout_step(
     ]  # fmt: skip
     proxy = LLMProxy(list(slots))
     members = groups * (max(w.group_size for w in workloads) + redundancy)
-    buffer = SampleBuffer(alpha=0, capacity=max(members, 1))
+    buffer = SampleBuffer(alpha=0)
     scheduler = RolloutScheduler(
         tasks, chat_format(), proxy, buffer, reward or RewardScorer(), factory, StalenessPolicy("areal", 0),
         concurrency=members, redundancy=redundancy, batch_groups=groups, seed=seed,

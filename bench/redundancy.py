@@ -1,7 +1,9 @@
 """`rollart bench redundancy`: redundant env rollouts against stragglers and failures (paper §6.1).
 
-Each GRPO group of G starts G + r members (`RolloutScheduler(redundancy=r)`); the first G that finish are
-kept and the rest cancelled; a member whose env dies is replaced while the group can still be completed.
+Each GRPO group of G starts G + r members (`RolloutScheduler(redundancy=r)`); the first G *by launch order*
+that end well are kept and the rest cancelled (so a slow member is waited for, not selected against: spares
+stand in for members that die, without the delay of starting a replacement); a member whose env dies with
+no spare left is replaced while the group can still be completed.
 The envs (`bench.harness.WorkloadEnv` in a `LatencyEnv`) are multi-turn with Gaussian step latency; a
 `straggler_rate` share of them is `straggler_factor` times slower (an overloaded sandbox host) and a
 `fail_rate` share dies at a random step (a crashed sandbox). Generation is ample (one H800 per 64 envs), so

@@ -207,7 +207,7 @@ async def rollout_step(
 
     backend = ModelledBackend(get_model(MODEL), get_device(DEVICE), time_scale=unit_s, max_batch=s.envs)
     proxy = LLMProxy([GenSlot("gen0", "gpu-compute", backend, capacity=s.envs)])
-    buffer = SampleBuffer(alpha=0, capacity=s.envs)
+    buffer = SampleBuffer(alpha=0)
     groups = s.envs // GROUP_SIZE
     limits = TurnLimits(s.turns, ACTION_TOKENS, MAX_CONTEXT, env_timeout_s=ENV_TIMEOUT_S)
     task = TaskSpec(

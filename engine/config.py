@@ -161,6 +161,11 @@ class TrainConfig(_Strict):
     eval_every: int = Field(
         0, ge=0, description="evaluate the held-out problems every k steps (0: start and end)"
     )
+    drop_uniform_groups: bool = Field(
+        False,
+        description="drop (and count) a group whose rewards are all equal — it has no GRPO advantage — "
+        "and roll out another in its place",
+    )
     seed: int = 0
 
     @model_validator(mode="before")
@@ -181,8 +186,11 @@ class TrainConfig(_Strict):
                 f"alpha: mode {self.mode} always runs at alpha {fixed}, "
                 f"got {self.alpha} (drop it or set {fixed})"
             )
-        if self.mode == "rollart" and self.alpha == 0:
-            raise ValueError("alpha: rollart needs alpha >= 1 (for on-policy training use mode sync+)")
+        if self.mode in ("rollart", "areal") and self.alpha == 0:
+            raise ValueError(
+                f"alpha: {self.mode} needs alpha >= 1 — the workers serve the new weights only after a batch "
+                "is taken, so at 0 no group could ever start (for on-policy training use mode sync+)"
+            )
         return self
 
 

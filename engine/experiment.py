@@ -245,6 +245,7 @@ class Experiment:
                     retries=cfg.rollout.reward_retries,
                     timeout_s=cfg.rollout.reward_timeout_s,
                 ),
+                drop_uniform=cfg.train.drop_uniform_groups,
             )
         )
         return {"train": 1, "gen": len(slots), "namespace": self.namespace}

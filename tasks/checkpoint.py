@@ -1,9 +1,11 @@
 """Checkpoint tasks: save every k steps (local directory or s3://), restore the latest on resume.
 
-A checkpoint is the trainer's HF-format weights + optimiser + RNG + step (engine.train.checkpoint),
-written atomically; on S3 a `_COMPLETE` marker is uploaded last. The metadata store records each one
-with a weights hash; restore checks the weights it reloads against that record and the optimiser state
-against the saved file, and discards step rows recorded after the checkpoint (they are redone).
+A checkpoint is the trainer's HF-format weights + optimiser + RNG + step (engine.train.checkpoint)
+and the rollout scheduler's RNG and group counter (so a resumed or scheduled run goes on with the
+problem sequence instead of replaying it), written atomically; on S3 a `_COMPLETE` marker is uploaded
+last. The metadata store records each one with a weights hash; restore checks the weights it reloads
+against that record and the optimiser state against the saved file, and discards step rows recorded
+after the checkpoint (they are redone).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ def _root(exp: Experiment) -> str:
 
 
 @task(name="save_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
-def save_checkpoint(exp: Experiment, step: int, extra: dict[str, Any] | None = None) -> str:
+def save_checkpoint(exp: Experiment, step: int) -> str:
     root = _root(exp)
     local_root = exp.run_dir / "checkpoints" if is_s3(root) else Path(root)
-    path = Path(ray.get(exp.trainer.save.remote(str(local_root), {"step": step, **(extra or {})})))
+    extra = {"step": step, "scheduler": ray.get(exp.rollout.scheduler_state.remote())}
+    path = Path(ray.get(exp.trainer.save.remote(str(local_root), extra)))
     sha = ray.get(exp.trainer.weights_sha256.remote())
     uri = str(path)
     if is_s3(root):
@@ -51,9 +54,11 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
     rec = exp.store.latest_checkpoint(exp.run_id) if resume else None
     if rec is None:
         return {"step": 0}
-    got = _load(exp, rec)
+    got, extra = _load(exp, rec)
+    if "scheduler" in extra:  # checkpoints written before the scheduler state was saved have none
+        ray.get(exp.rollout.restore_scheduler.remote(extra["scheduler"]))
     discarded = exp.store.discard_steps_after(exp.run_id, got["step"])
-    return {**got, "steps_discarded": discarded}
+    return {**got, "steps_discarded": discarded, "scheduler_restored": "scheduler" in extra}
 
 
 @task(name="load_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
@@ -63,10 +68,11 @@ def load_checkpoint(exp: Experiment, step: int | None = None) -> dict[str, Any]:
     if rec is None:
         which = f"at step {step}" if step is not None else "at all"
         raise FileNotFoundError(f"experiment {exp.run_id!r} has no checkpoint {which} in {exp.run_dir}")
-    return _load(exp, rec)
+    return _load(exp, rec)[0]
 
 
-def _load(exp: Experiment, rec: dict[str, Any]) -> dict[str, Any]:
+def _load(exp: Experiment, rec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load `rec` into the trainer, verified; returns what was loaded and the checkpoint's `extra`."""
     uri = rec["uri"]
     if is_s3(uri):
         local = exp.run_dir / "restore" / Path(uri).name
@@ -85,4 +91,4 @@ def _load(exp: Experiment, rec: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(
             f"checkpoint {rec['uri']}: optimiser hash {got['optimizer_sha256'][:12]} != saved {saved[:12]}"
         )
-    return {"step": int(extra["step"]), "uri": rec["uri"], **got}
+    return {"step": int(extra["step"]), "uri": rec["uri"], **got}, extra

@@ -1,17 +1,22 @@
 """RolloutScheduler: keeps E environments busy, one trajectory each, and streams them out (paper §6.1).
 
 Groups: a GRPO group of size G starts G + r members on the same task and seed (r = redundancy). The
-first G members whose episode ends well are kept and the rest are cancelled; a member that fails is
-replaced while the group can still be completed, else the whole group is dropped — a partial group is
-never trained. Each finished trajectory is scored at once (async reward) and put into the buffer;
-nothing waits for a batch. Tasks are sampled by weight from a seeded RNG. Every member started is counted
-once when it ends (`trajectories_<status>`, failures also as `member_failed_<reason>`), one cancelled
-before it ran or while being scored included, so after `run()` returns started == ended: nothing is lost.
+group keeps the first G members *by launch order* whose episode ends well — a member is filed as soon
+as no earlier member can still take its place, and the rest are cancelled once the first G are known —
+so redundancy masks failures without favouring short episodes. A member that fails is replaced while
+the group can still be completed, else the whole group is dropped — a partial group is never trained.
+With `drop_uniform`, a group whose G rewards are all equal (no GRPO signal) is dropped and counted.
+A dropped group gives its admission place back; in the wave modes a replacement joins the wave.
+Each finished trajectory is scored at once (async reward) and put into the buffer; nothing waits for
+a batch. Tasks are sampled by weight from a seeded RNG, saved and restored with `state()`. Every
+member started is counted once when it ends (`trajectories_<status>`, failures also as
+`member_failed_<reason>`), one cancelled before it ran or while being scored included, so after
+`run()` returns started == ended: nothing is lost.
 
 The staleness policy is applied at every version bump (`advance`): in-flight trajectories that
 started too long ago are aborted, and the buffer evicts old groups; in the continuous modes (`areal`,
-`rollart`) new groups are only admitted while fewer than α + 1 batches' worth are live (started, and
-not yet taken by the trainer or given up).
+`rollart`) a new group is only admitted if the batch it will land in (launch order) is within the
+bound of the version being served (`StalenessPolicy.may_start`).
 """
 
 from __future__ import annotations
@@ -64,10 +69,44 @@ class _GroupRun:
     to_launch: int  # members still to start
     launched: int = 0
     gen: Generator | None = None  # the wave's lockstep generator in batch granularity
-    ok: int = 0  # members whose episode ended well: being scored or kept
+    ok: int = 0  # members whose episode ended well: being scored, held or kept
     kept: int = 0  # members accepted by the buffer
     closed: bool = False
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # member ids in launch order
+    outcome: dict[str, bool] = field(default_factory=dict)  # ended members: scored well, or not
+    rewards: list[float] = field(default_factory=list)  # of the kept members
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # an outcome came in
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def verdict(self, traj_id: str) -> str | None:
+        """For a member that scored well: "keep" once no earlier member can still take its place,
+        "redundant" once G earlier members did, None while that is open."""
+        ok = pending = 0
+        for tid in self.order:
+            if tid == traj_id:
+                break
+            o = self.outcome.get(tid)
+            ok += o is True
+            pending += o is None
+        if ok >= self.task.group_size:
+            return "redundant"
+        return "keep" if ok + pending < self.task.group_size else None
+
+    def first_g_known(self) -> bool:
+        """The first G members (launch order) that end well are known: the rest are redundant."""
+        ok = 0
+        for tid in self.order:
+            o = self.outcome.get(tid)
+            if o is None:
+                return False
+            ok += o
+            if ok == self.task.group_size:
+                return True
+        return False
 
 
 class RolloutScheduler:
@@ -88,6 +127,7 @@ class RolloutScheduler:
         granularity: str = "trajectory",
         gated_waves: bool = False,
         max_consecutive_failures: int = 256,
+        drop_uniform: bool = False,
     ):
         if not tasks:
             raise ValueError("at least one task is needed")
@@ -105,12 +145,16 @@ class RolloutScheduler:
             )
         self.granularity = granularity
         self.max_consecutive_failures = max_consecutive_failures
+        self.drop_uniform = drop_uniform
         self.fatal = ""  # why the scheduler gave up (every env failing), surfaced by the service
         self._failures_in_a_row = 0
+        self._uniform_in_a_row = 0
         # Wave mode: groups start `batch_groups` at a time, the next wave when the last one is over.
         # Batch granularity runs each wave in lockstep; gated waves (sync modes) also wait for a permit.
         self.waves = granularity == "batch" or gated_waves
         self._wave_permits: int | None = 0 if gated_waves else None
+        self._replacements = 0  # wave modes: groups to start in place of dropped ones
+        self._wave_gen: LockstepGenerator | None = None  # the current wave's, in batch granularity
         self.rng = random.Random(seed)
         self.version = 0  # serving version (set by advance)
         self.counts: Counter[str] = Counter()
@@ -165,9 +209,10 @@ class RolloutScheduler:
 
     async def advance(self, version: int) -> int:
         """The serving version is now `version`: abort in-flight members and evict buffered groups that
-        the next batch cannot take (`StalenessPolicy.next_batch_version`)."""
+        the next batch cannot take. The next batch is `version`'s at a (re)start, else the one after the
+        batch the trainer took last (`SampleBuffer.next_batch`)."""
         self.version = version
-        horizon = self.policy.next_batch_version(version)
+        self.buffer.next_batch = horizon = max(self.buffer.next_batch, version)
         aborted = 0
         for g in list(self._groups.values()):
             for traj_id, task in list(g.running.items()):
@@ -192,11 +237,16 @@ class RolloutScheduler:
                 if g.to_launch > 0:
                     return g
             if self.waves:
+                if self._replacements:  # a group of the wave was dropped: the batch still needs B
+                    self._replacements -= 1
+                    return self._replacement()
                 if not self._groups and self._wave_permits != 0:  # the previous wave is over
                     if self._wave_permits is not None:
                         self._wave_permits -= 1
                     return self._new_wave()
-            elif self.policy.may_start(self._live_groups(), self.batch_groups):
+            elif self.policy.may_start(
+                self._live_groups(), self.batch_groups, self.version, self.buffer.next_batch
+            ):
                 return self._new_group()
             self._wake.clear()
             await self._wake.wait()
@@ -209,7 +259,7 @@ class RolloutScheduler:
         the trainer would wait forever."""
         dropped = sum(v for k, v in self.counts.items() if k.startswith("groups_dropped_"))
         gone = dropped + self.buffer.stats.complete_groups_evicted + self.buffer.stats.groups_returned
-        return self._next_group - gone
+        return self.counts["groups_started"] - gone  # this process's (a restored run's ids go on)
 
     def _new_group(self) -> _GroupRun:
         task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
@@ -221,8 +271,19 @@ class RolloutScheduler:
         )
         self._next_group += 1
         self._groups[g.group_id] = g
+        self.buffer.expect(g.group_id)
         self.counts["groups_started"] += 1
         return g
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to go on with the same problem sequence: the RNG and group count."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "next_group": self._next_group}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self._next_group = int(state["next_group"])
 
     def release_wave(self, n: int = 1) -> None:
         """Gated waves: allow `n` more waves to start (the sync modes release one per training step)."""
@@ -234,11 +295,20 @@ class RolloutScheduler:
     def _new_wave(self) -> _GroupRun:
         groups = [self._new_group() for _ in range(self.batch_groups)]
         if self.granularity == "batch":
-            lockstep = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
+            self._wave_gen = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
             for g in groups:
-                g.gen = lockstep
+                g.gen = self._wave_gen
         self.counts["waves"] += 1
         return groups[0]
+
+    def _replacement(self) -> _GroupRun:
+        g = self._new_group()
+        if self._wave_gen is not None:
+            g.gen = self._wave_gen
+            for _ in range(g.to_launch):
+                self._wave_gen.join()
+        self.counts["groups_replaced"] += 1
+        return g
 
     def _launch(self, g: _GroupRun) -> None:
         traj = Trajectory(
@@ -246,6 +316,7 @@ class RolloutScheduler:
         )
         g.to_launch -= 1
         g.launched += 1
+        g.order.append(traj.traj_id)
         self._live[traj.traj_id] = traj
         member = g.running[traj.traj_id] = asyncio.create_task(self._member(g, traj))
         self._members.add(member)
@@ -258,25 +329,40 @@ class RolloutScheduler:
             await self._play(g, traj)
             g.running.pop(traj.traj_id, None)
             if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
-                if g.closed or g.ok >= g.task.group_size:  # finished in the same instant as the G-th
-                    traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
-                else:
-                    g.ok += 1
-                    if g.ok == g.task.group_size:  # the first G are kept: cancel the rest
-                        g.to_launch = 0
-                        self._cancel(g, "redundant")
-                    await self.reward(traj)
-                    if traj.status == TrajStatus.FAILED:
-                        g.ok -= 1
+                await self._judge(g, traj)
             await self._settle(g, traj)
         except asyncio.CancelledError:  # stopped while being scored or filed: never reaches a batch
             if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
                 traj.status, traj.failure = TrajStatus.ABORTED, "shutdown"
             raise
 
+    async def _judge(self, g: _GroupRun, traj: Trajectory) -> None:
+        """Score a member that ended well, then wait until launch order says whether it is one of the
+        group's first G; a redundant one ends ABORTED ("redundant"), unscored if that was known first."""
+        if g.closed or g.verdict(traj.traj_id) == "redundant":
+            traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
+            return
+        g.ok += 1
+        await self.reward(traj)
+        if traj.status == TrajStatus.FAILED:
+            g.ok -= 1
+            return
+        g.outcome[traj.traj_id] = True
+        g.notify()
+        if g.first_g_known():  # the first G are known: cancel the rest
+            g.to_launch = 0
+            self._cancel(g, "redundant")
+        while (verdict := g.verdict(traj.traj_id)) is None and not g.closed:
+            await g.changed.wait()
+        if verdict == "redundant":
+            g.ok -= 1
+            traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
+
     def _ended(self, g: _GroupRun, traj: Trajectory, task: asyncio.Task[None]) -> None:
         """Every member task ends here and is counted once, even one cancelled before it ran."""
         self._members.discard(task)
+        if g.outcome.setdefault(traj.traj_id, False) is False:
+            g.notify()  # the members after it may now know their place
         if traj.traj_id in self._live:  # cancelled before `_play` began: free what it would have
             self._live.pop(traj.traj_id)
             g.running.pop(traj.traj_id, None)
@@ -329,12 +415,7 @@ class RolloutScheduler:
         if g.closed:
             return
         if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
-            if not await self.buffer.put(traj, g.task.group_size):
-                return await self._drop(g, "evicted")  # e.g. the buffer evicted the group as stale
-            g.kept += 1
-            if g.kept == g.task.group_size:
-                return self._close(g, "complete")
-            return None
+            return await self._file(g, traj)
         if traj.status == TrajStatus.FAILED:
             self.counts[f"member_failed_{traj.failure.split(':')[0]}"] += 1
         if traj.failure.startswith("stale"):
@@ -352,6 +433,25 @@ class RolloutScheduler:
         self._wake.set()
         return None
 
+    async def _file(self, g: _GroupRun, traj: Trajectory) -> None:
+        """Put a kept member into the buffer; the last one completes the group — unless every reward
+        in it is the same and uniform groups are dropped (no GRPO advantage: nothing to learn)."""
+        last = g.kept == g.task.group_size - 1
+        if last and self.drop_uniform and all(r == traj.reward for r in g.rewards):
+            self._uniform_in_a_row += 1
+            if self._uniform_in_a_row >= self.max_consecutive_failures and not self.fatal:
+                self.fatal = f"{self._uniform_in_a_row} groups in a row had uniform rewards (drop_uniform)"
+                self.stop()
+            return await self._drop(g, "uniform")
+        if not await self.buffer.put(traj, g.task.group_size):
+            return await self._drop(g, "evicted")  # e.g. the buffer evicted the group as stale
+        g.kept += 1
+        g.rewards.append(traj.reward or 0.0)
+        if last:
+            self._uniform_in_a_row = 0
+            self._close(g, "complete")
+        return None
+
     def _cancel(self, g: _GroupRun, reason: str) -> None:
         for traj_id, task in g.running.items():
             if traj_id in self._live:
@@ -362,10 +462,13 @@ class RolloutScheduler:
         self._cancel(g, f"group_dropped_{why}")
         await self.buffer.drop_group(g.group_id, f"group_{why}")
         self._close(g, f"dropped_{why}")
+        if self.waves and not self._stop.is_set():
+            self._replacements += 1
 
     def _close(self, g: _GroupRun, how: str) -> None:
         g.closed = True
         g.to_launch = 0
         self.counts[f"groups_{how}"] += 1
         self._groups.pop(g.group_id, None)
+        g.notify()  # held members of a dropped group stop waiting for their place
         self._wake.set()

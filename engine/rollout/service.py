@@ -61,17 +61,14 @@ class RolloutService:
         batch_groups: int,
         seed: int = 0,
         granularity: str = "trajectory",
-        buffer_capacity: int | None = None,
         env_factory: Any = default_env_factory,
         reward: RewardScorer | None = None,
+        drop_uniform: bool = False,
     ):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         policy = StalenessPolicy(mode, alpha)
         sync_like = mode in ("sync", "sync+", "one-off")
-        capacity = buffer_capacity or max(4 * concurrency, (alpha + 2) * concurrency)  # O(alpha * E)
-        self.buffer = SampleBuffer(
-            alpha, capacity, evict_on_advance=policy.per_step, check_on_get=policy.per_step
-        )
+        self.buffer = SampleBuffer(alpha, evict_on_advance=policy.per_step, check_on_get=policy.per_step)
         self.reward = reward or RewardScorer()
         self.scheduler = RolloutScheduler(
             tasks,
@@ -87,6 +84,7 @@ class RolloutService:
             seed=seed,
             granularity="batch" if mode == "sync" else granularity,
             gated_waves=sync_like,
+            drop_uniform=drop_uniform,
         )
         self._runner: asyncio.Task[None] | None = None
         self._problems: dict[str, set[str]] = defaultdict(set)  # task -> ids of the problems rolled out
@@ -120,6 +118,16 @@ class RolloutService:
 
     def release_wave(self, n: int = 1) -> None:
         self.scheduler.release_wave(n)
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """Saved with each checkpoint: a resumed run draws the problems that come next, not the first ones
+        again (the groups in flight at the save are skipped, not replayed)."""
+        return self.scheduler.state()
+
+    def restore_scheduler(self, state: dict[str, Any]) -> None:
+        if self._runner is not None:
+            raise RuntimeError("restore the scheduler before the rollout starts")
+        self.scheduler.restore(state)
 
     def _drain(self) -> list[Trajectory]:
         finished = self.scheduler.drain_finished()

@@ -35,7 +35,8 @@ def test_async_modes_measures_each_mode_and_the_ideal_step(tmp_path):
     assert all(r["speedup_vs_sync"] is None for r in rows)  # sync not run: no baseline
     parts = {b["mode"]: b for b in payload["breakdown"]}
     assert parts["sync+"]["staleness_max"] == 0 and parts["sync+"]["aborted"] == 0  # on-policy
-    assert parts["rollart"]["staleness_max"] <= 1  # the bound held
+    assert parts["rollart"]["staleness_max"] <= 1  # the bound held ...
+    assert parts["rollart"]["aborted"] == 0 and rows[1]["aborted_token_frac"] == 0  # ... dropping nothing
     for r in rows:
         b = parts[r["mode"]]
         assert r["tokens_per_s"] > 0 and r["step_s"] > b["wait_batch_s"] + b["train_s"]

@@ -80,6 +80,9 @@ def test_kill_after_a_checkpoint_then_resume_continues_exactly(tmp_path):
     assert resumed["weights_sha256"] == ck["weights_sha256"]  # as the killed trainer had them at save
     assert resumed["optimizer_sha256"] == saved_optimizer_sha256(ck["uri"])
     assert resumed["steps_discarded"] == len(rows) - 2  # step 3 (and 4, if it got there) redone
+    # the scheduler's RNG came back too: the resumed run draws the groups after the saved ones
+    saved = json.loads((Path(ck["uri"]) / "state.json").read_text())["extra"]["scheduler"]
+    assert resumed["scheduler_restored"] and saved["next_group"] >= 2 * cfg["train"]["batch_groups"]
     steps = store.steps("killed")
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))  # none repeated, none skipped
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1))

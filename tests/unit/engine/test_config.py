@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.config import ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.config import ConfigError, ExperimentConfig, TrainConfig, apply_overrides, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 FROZENLAKE = ROOT / "configs" / "frozenlake.yaml"
@@ -113,3 +113,25 @@ def test_evaluation_settings_without_a_held_out_split_behind_them_are_refused(ta
 def test_weight_store_bytes_need_the_mooncake_store():
     with pytest.raises(ConfigError, match="weight_store_bytes sizes the Mooncake store"):
         load_config(FROZENLAKE, ["backends.weight_store=ray", "backends.weight_store_bytes=1073741824"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (["train.mode=sync+", "train.alpha=2"], "train: alpha: mode sync+ always runs at alpha 0"),
+        (["train.mode=one-off", "train.alpha=0"], "train: alpha: mode one-off always runs at alpha 1"),
+        (["train.mode=rollart", "train.alpha=0"], "train: alpha: rollart needs alpha >= 1"),
+        (["train.mode=areal", "train.alpha=0"], "train: alpha: areal needs alpha >= 1"),
+    ],
+)
+def test_an_alpha_a_mode_cannot_honour_is_refused(overrides, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(FROZENLAKE, overrides)
+    [got] = e.value.problems
+    assert got.startswith(problem), got
+
+
+def test_modes_that_fix_alpha_fill_it_in():
+    assert TrainConfig(mode="one-off").alpha == 1
+    assert TrainConfig(mode="sync").alpha == 0 and TrainConfig(mode="sync+").alpha == 0
+    assert TrainConfig(mode="rollart").alpha == 1 and not TrainConfig().drop_uniform_groups

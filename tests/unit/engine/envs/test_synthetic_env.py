@@ -39,3 +39,18 @@ def test_turns_must_be_positive():
 async def test_registered_as_synthetic():
     env = make_env("synthetic", turns=4)
     assert isinstance(env, SyntheticEnv) and env.turns == 4
+
+
+async def test_mixed_lengths_are_drawn_per_seed_within_the_range():
+    env = SyntheticEnv(turns=1, max_turns=10)
+    lengths = []
+    for seed in range(200):
+        await env.reset(seed)
+        lengths.append(env.turns)
+    assert min(lengths) == 1 and max(lengths) == 10 and len(set(lengths)) == 10
+    await env.reset(3)
+    again = env.turns
+    await env.reset(3)
+    assert env.turns == again == lengths[3]  # a group's members (one seed) share a length
+    with pytest.raises(ValueError, match="max_turns must be >= turns"):
+        SyntheticEnv(turns=4, max_turns=2)

@@ -38,7 +38,7 @@ async def rollout_step_time(granularity: str) -> tuple[float, RolloutScheduler, 
         return MultiStep(DELAYS[(len(made) - 1) % 4])
 
     spec = TaskSpec("t", "multistep", {}, 1.0, 2, TurnLimits(5, 4, 1024), "prefill-heavy")
-    buf = SampleBuffer(alpha=1, capacity=100)
+    buf = SampleBuffer(alpha=1)
     gen = ScriptedGenerator(lambda k: "ok")
     s = RolloutScheduler(
         [spec],
@@ -80,7 +80,7 @@ def test_batch_granularity_needs_room_for_a_whole_wave():
             [spec],
             ChatFormat(tokenizer()),
             ScriptedGenerator(lambda k: ""),
-            SampleBuffer(1, 10),
+            SampleBuffer(1),
             RewardScorer(),
             lambda s: MultiStep([0]),
             StalenessPolicy("rollart", 1),

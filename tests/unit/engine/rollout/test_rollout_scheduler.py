@@ -1,4 +1,5 @@
 import asyncio
+import json
 import time
 from collections import Counter
 
@@ -52,7 +53,7 @@ def scheduler(delays, tasks=None, concurrency=6, redundancy=0, mode="rollart", a
         created.append(d)
         return OneStep(d)
 
-    buf = SampleBuffer(alpha=alpha, capacity=1000)
+    buf = SampleBuffer(alpha=alpha)
     gen = ScriptedGenerator(lambda k: "ok", version=version)
     s = RolloutScheduler(
         tasks or [task()],
@@ -106,6 +107,72 @@ async def test_redundant_members_first_g_kept_rest_cancelled():
     assert s.counts["groups_complete"] == 1
 
 
+async def test_redundancy_keeps_the_first_g_by_launch_order_not_the_fastest():
+    # m0 is the slowest; m4 and m5 finish first but are spares: the group waits for m0
+    delays = lambda i: [0.3, 0.05, 0.05, 0.05, 0.01, 0.01][i] if i < 6 else 2.0  # noqa: E731
+    s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
+    batch = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    await run_until(s, batch.done)
+    [group] = batch.result()
+    assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
+    spares = [t for t in s.finished if t.traj_id in ("g0.m4", "g0.m5")]
+    assert [(t.status, t.failure) for t in spares] == [(TrajStatus.ABORTED, "redundant")] * 2
+
+
+async def test_a_spare_takes_the_place_of_a_failed_member_in_launch_order():
+    delays = lambda i: OSError("lost") if i == 1 else ([0.01, 0, 0.01, 0.01, 0.2, 0.01] + [0.01] * 6)[i % 12]  # noqa: E731
+    s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
+    batch = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    await run_until(s, batch.done)
+    [group] = batch.result()  # m1 failed: m4 (slow) is next in line, not m5 (fast)
+    assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m2", "g0.m3", "g0.m4"]
+    assert s.counts["members_refilled"] == 0
+
+
+async def test_a_group_with_uniform_rewards_is_dropped_and_replaced():
+    # reward = the step's delay: the first group's two members both earn 0.01, the next one's differ
+    delays = lambda i: [0.01, 0.01, 0.01, 0.02][i] if i < 4 else 0.03  # noqa: E731
+    s, buf, _, _ = scheduler(
+        delays, tasks=[task(group_size=2)], concurrency=2, batch_groups=1, drop_uniform=True
+    )
+    batch = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    await run_until(s, batch.done)
+    [group] = batch.result()
+    assert group.group_id == "g1" and sorted(m.reward for m in group.members) == [0.01, 0.02]
+    assert s.counts["groups_dropped_uniform"] == 1
+
+
+async def test_a_dropped_group_of_a_wave_is_replaced_so_the_batch_fills():
+    s, buf, _, _ = scheduler(
+        lambda i: OSError("down") if i < 2 else 0.01,
+        tasks=[task(group_size=2)],
+        concurrency=4,
+        batch_groups=2,
+        mode="sync",
+        alpha=0,
+        gated_waves=True,
+        max_refills=0,
+    )
+    s.release_wave(1)
+    batch = asyncio.ensure_future(buf.get_batch(2, current_version=0))
+    await run_until(s, batch.done)
+    assert sorted(g.group_id for g in batch.result()) == ["g1", "g2"]
+    assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_replaced"] == 1
+    assert s.counts["waves"] == 1
+
+
+def test_a_restored_scheduler_draws_the_problems_that_come_next():
+    tasks = [task("a", weight=1.0), task("b", weight=1.0)]
+    first, *_ = scheduler(lambda i: 0.0, tasks=tasks)
+    drawn = [(g.group_id, g.task.name, g.seed) for g in (first._new_group() for _ in range(8))]
+    saved, *_ = scheduler(lambda i: 0.0, tasks=tasks)
+    for _ in range(5):
+        saved._new_group()
+    resumed, *_ = scheduler(lambda i: 0.0, tasks=tasks)
+    resumed.restore(json.loads(json.dumps(saved.state())))  # as a checkpoint stores it
+    assert [(g.group_id, g.task.name, g.seed) for g in (resumed._new_group() for _ in range(3))] == drawn[5:]
+
+
 async def test_failed_member_is_replaced_so_the_group_completes_whole():
     delays = lambda i: OSError("sandbox lost") if i == 0 else 0.01  # noqa: E731
     s, buf, _, _ = scheduler(delays, tasks=[task(group_size=2)], concurrency=2)
@@ -141,13 +208,16 @@ async def test_trajectories_stream_into_the_buffer_without_waiting_for_siblings(
 async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_their_group(
     alpha, aborted_at_bumps
 ):
-    s, *_ = scheduler(lambda i: 5.0, tasks=[task(group_size=2)], concurrency=2, alpha=alpha, version=0)
+    s, buf, *_ = scheduler(lambda i: 5.0, tasks=[task(group_size=2)], concurrency=2, alpha=alpha, version=0)
     runner = asyncio.ensure_future(s.run())
     while s.counts["trajectories_started"] < 2 or any(t.start_version < 0 for t in s._live.values()):
         await asyncio.sleep(0.005)
-    # serving v1, the next batch is v2's: it may take v0 with alpha 2, not with alpha 1; at v2 (batch v3)
-    # v0 is too old for both
-    assert [await s.advance(1), await s.advance(2)] == aborted_at_bumps
+    # the trainer took batch v1 and the workers serve v1: the next batch is v2's, which may take v0 with
+    # alpha 2, not with alpha 1; at v2 (batch v3) v0 is too old for both
+    buf.next_batch = 2
+    assert await s.advance(1) == aborted_at_bumps[0]
+    buf.next_batch = 3
+    assert await s.advance(2) == aborted_at_bumps[1]
     await asyncio.sleep(0.05)
     s.stop()
     await runner
@@ -157,13 +227,15 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
 
 
 @pytest.mark.parametrize("mode", ["areal", "rollart"])
-async def test_admits_groups_only_within_alpha_plus_one_batches_of_the_trainer(mode):
+async def test_admits_a_group_only_if_the_batch_it_lands_in_is_within_alpha_of_the_served_version(mode):
     s, buf, *_ = scheduler(
         lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, mode=mode, alpha=1, batch_groups=1
     )
     runner = asyncio.ensure_future(s.run())
-    assert await settled_starts(s, 2) == 2  # (alpha 1 + 1) * 1 group live, none trained
-    await buf.get_batch(1, current_version=0)  # the trainer takes one: one more may start
+    assert await settled_starts(s, 2) == 2  # serving v0: batches v0 and v1 may take v0 groups
+    await buf.get_batch(1, current_version=0)  # the trainer takes batch v0 ...
+    assert await settled_starts(s, 2) == 2  # ... a group started now would be in batch v2: too old
+    await s.advance(1)  # the workers serve v1
     assert await settled_starts(s, 3) == 3
     s.stop()
     await runner
@@ -186,9 +258,11 @@ async def test_areal_admission_is_given_back_by_a_dropped_group():
 
 async def test_admission_after_a_resume_is_alpha_plus_one_batches_whatever_the_version():
     s, *_ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1, version=7)
+    s.restore({**s.state(), "next_group": 40})  # the saved run had started 40 groups
     await s.advance(7)  # resumed at v7: as at v0, α = 1 lets two groups start, not nine
     runner = asyncio.ensure_future(s.run())
     assert await settled_starts(s, 2) == 2
+    assert list(s.buffer._order) == ["g40", "g41"]  # ids go on from the saved run
     s.stop()
     await runner
 

@@ -24,7 +24,7 @@ def synthetic(_spec: TaskSpec) -> SyntheticEnv:
 async def collect(faults: FaultsConfig, groups: int, redundancy: int = 0, reward: RewardScorer | None = None):
     """Run the scheduler until `groups` complete groups were taken from the buffer; return all of it."""
     task = TaskSpec("t", "synthetic", {}, 1.0, G, TurnLimits(3, 4, 1024, env_timeout_s=0.05), "decode-heavy")
-    buf = SampleBuffer(alpha=1, capacity=1000)
+    buf = SampleBuffer(alpha=1)
     reward = reward or RewardScorer()
     s = RolloutScheduler(
         [task],

@@ -18,7 +18,7 @@ async def fill(buf: SampleBuffer, group: str, n: int, start_version: int) -> Non
 
 
 async def test_get_batch_blocks_until_enough_complete_groups():
-    buf = SampleBuffer(alpha=1, capacity=100)
+    buf = SampleBuffer(alpha=1)
     await fill(buf, "a", 2, 0)
     await buf.put(traj("b", 0, 0), group_size=2)  # b is incomplete
     waiter = asyncio.ensure_future(buf.get_batch(2, current_version=0))
@@ -31,7 +31,7 @@ async def test_get_batch_blocks_until_enough_complete_groups():
 
 
 async def test_version_bump_evicts_groups_older_than_the_bound():
-    buf = SampleBuffer(alpha=1, capacity=100)
+    buf = SampleBuffer(alpha=1)
     await fill(buf, "v0", 2, 0)
     await fill(buf, "v1", 2, 1)
     await fill(buf, "v2", 2, 2)
@@ -42,7 +42,7 @@ async def test_version_bump_evicts_groups_older_than_the_bound():
 
 
 async def test_get_batch_never_returns_a_group_beyond_the_bound():
-    buf = SampleBuffer(alpha=1, capacity=100, evict_on_advance=False)
+    buf = SampleBuffer(alpha=1, evict_on_advance=False)
     await fill(buf, "v0", 2, 0)
     await fill(buf, "v2", 2, 2)
     batch = await buf.get_batch(1, current_version=3)  # trainer at v3: needs start >= v2
@@ -53,14 +53,14 @@ async def test_get_batch_never_returns_a_group_beyond_the_bound():
 
 
 async def test_areal_style_buffer_keeps_old_groups():
-    buf = SampleBuffer(alpha=1, capacity=100, evict_on_advance=False, check_on_get=False)
+    buf = SampleBuffer(alpha=1, evict_on_advance=False, check_on_get=False)
     await fill(buf, "v0", 2, 0)
     assert await buf.advance(5) == 0
     assert [g.start_version for g in await buf.get_batch(1, current_version=5)] == [0]
 
 
 async def test_failed_members_and_dropped_groups_never_reach_a_batch():
-    buf = SampleBuffer(alpha=0, capacity=100)
+    buf = SampleBuffer(alpha=0)
     assert not await buf.put(traj("a", 0, 0, status=TrajStatus.FAILED), group_size=2)
     assert not await buf.put(traj("a", 1, 0, reward=None), group_size=2)
     assert await buf.put(traj("b", 0, 0), group_size=2)
@@ -70,32 +70,35 @@ async def test_failed_members_and_dropped_groups_never_reach_a_batch():
     assert buf.stats.evicted == {"status_failed": 1, "unscored": 1, "group_incomplete": 1, "group_closed": 1}
 
 
-async def test_capacity_applies_back_pressure():
-    buf = SampleBuffer(alpha=1, capacity=4)
-    await fill(buf, "a", 2, 0)
+async def test_batches_are_taken_in_launch_order_not_finish_order():
+    buf = SampleBuffer(alpha=1)
+    for gid in ("slow", "fast"):
+        buf.expect(gid)
+    await fill(buf, "fast", 2, 0)  # the later group finished first ...
+    waiter = asyncio.ensure_future(buf.get_batch(1, current_version=0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # ... but does not overtake the older one
+    await fill(buf, "slow", 2, 0)
+    assert [g.group_id for g in await asyncio.wait_for(waiter, 1)] == ["slow"]
+    assert [g.group_id for g in await buf.get_batch(1, current_version=0)] == ["fast"]
+    assert buf.next_batch == 1  # the trainer at v0 took its batches: the next one is v1's
+
+
+async def test_a_dropped_group_gives_its_place_in_line_to_the_next():
+    buf = SampleBuffer(alpha=1)
+    for gid in ("a", "b", "c"):
+        buf.expect(gid)
     await fill(buf, "b", 2, 0)
-    blocked = asyncio.ensure_future(buf.put(traj("c", 0, 0), group_size=2))
+    await fill(buf, "c", 2, 0)
+    waiter = asyncio.ensure_future(buf.get_batch(2, current_version=0))
     await asyncio.sleep(0.01)
-    assert not blocked.done() and len(buf) == 4
-    await buf.get_batch(1, current_version=0)
-    assert await asyncio.wait_for(blocked, 1) and len(buf) == 3
-
-
-async def test_a_buffer_full_of_partial_groups_still_admits_the_members_that_complete_them():
-    buf = SampleBuffer(alpha=1, capacity=4)
-    for g in "abcd":  # four half groups fill the buffer
-        assert await buf.put(traj(g, 0, 0), group_size=2)
-    newcomer = asyncio.ensure_future(buf.put(traj("e", 0, 0), group_size=2))
-    await asyncio.sleep(0.01)
-    assert not newcomer.done()  # a new group waits for room ...
-    assert await asyncio.wait_for(buf.put(traj("a", 1, 0), group_size=2), 1)  # ... a sibling does not
-    assert len(buf) == 5 and [g.group_id for g in buf.complete_groups()] == ["a"]
-    assert [g.group_id for g in await asyncio.wait_for(buf.get_batch(1, current_version=0), 1)] == ["a"]
-    assert await asyncio.wait_for(newcomer, 1) and len(buf) == 4
+    assert not waiter.done()
+    await buf.drop_group("a", "group_incomplete")
+    assert [g.group_id for g in await asyncio.wait_for(waiter, 1)] == ["b", "c"]
 
 
 async def test_a_late_member_of_a_returned_group_is_refused_not_started_again():
-    buf = SampleBuffer(alpha=1, capacity=100)
+    buf = SampleBuffer(alpha=1)
     await fill(buf, "a", 2, 0)
     await buf.get_batch(1, current_version=0)
     assert not await buf.put(traj("a", 2, 0), group_size=2)
