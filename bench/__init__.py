@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "bench.faults",
     "async-modes": "bench.async_modes",
     "alpha-sweep": "bench.alpha_sweep",
+    "time-to-score": "bench.time_to_score",
     "weight-sync": "bench.weight_sync",
     "affinity": "bench.affinity",
     "pd": "bench.pd",

@@ -111,9 +111,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = build_rows([median_run(rs) for rs in results], s.steps)
     gains = [r["speedup_vs_alpha1"] for r in rows if r["speedup_vs_alpha1"] is not None]
     note = (
-        f"rollart; {s.batch_groups} groups x G={s.group_size} per step, {s.envs} envs, T={s.turns} turns, "
-        f"env latency N({s.env_ms:g}, {s.env_sigma_ms:g}) ms; median of {s.rounds} interleaved run(s) of "
-        f"{s.steps} steps (+{s.warmup} warm-up).\n"
+        f"rollart; {s.batch_groups} groups x G={s.group_size} per step, {s.envs} envs, "
+        f"T={s.turns_text} turns, env latency N({s.env_ms:g}, {s.env_sigma_ms:g}) ms; "
+        f"median of {s.rounds} interleaved run(s) of {s.steps} steps (+{s.warmup} warm-up).\n"
         f"Paper: the gain plateaus, at most {PAPER_MAX_GAIN}x over α=1. "
         + (f"Ours: best {max(gains):.2f}x over α=1.\n" if gains else "\n")
         + load_note(load_before, load_after, os.cpu_count())

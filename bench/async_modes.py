@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     broken = order_violations(rows)
     ours = runs.get("rollart")
     note = (
-        f"{s.batch_groups} groups x G={s.group_size} per step, {s.envs} envs, T={s.turns} turns, "
+        f"{s.batch_groups} groups x G={s.group_size} per step, {s.envs} envs, T={s.turns_text} turns, "
         f"{s.max_tokens}-token actions, env latency N({s.env_ms:g}, {s.env_sigma_ms:g}) ms per reset/step; "
         f"model {s.size}, weights via {s.store}; median of {s.rounds} interleaved run(s) of "
         f"{s.steps} steps (+{s.warmup} warm-up).\n"

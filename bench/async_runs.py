@@ -57,6 +57,10 @@ class RunSettings:
     def envs(self) -> int:
         return self.concurrency or self.batch_groups * self.group_size
 
+    @property
+    def turns_text(self) -> str:
+        return f"{self.turns}–{self.max_turns}" if self.max_turns else str(self.turns)
+
 
 # -- arguments ---------------------------------------------------------------------------------------
 def at_least(kind: type, low: float) -> Any:

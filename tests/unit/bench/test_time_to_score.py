@@ -1,0 +1,82 @@
+import argparse
+
+import pytest
+
+from bench import time_to_score as tts
+
+
+def run(mode: str, alpha: int, seed: int, successes: list[float], setting: str = "waiting") -> dict:
+    points = [
+        {"step": 2 * (i + 1), "train_wall_s": 10.0 * (i + 1), "tokens": 100 * (i + 1), "success": s}
+        for i, s in enumerate(successes)
+    ]
+    return {"setting": setting, "mode": mode, "alpha": alpha, "seed": seed, "points": points}
+
+
+def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
+    row = tts.time_to_target(run("rollart", 1, 0, [0.1, 0.45, 0.3, 0.6]), target=0.45)
+    assert row == {
+        "setting": "waiting",
+        "mode": "rollart",
+        "alpha": 1,
+        "seed": 0,
+        "target": 0.45,
+        "time_to_target_s": 20.0,
+        "tokens_to_target": 200,
+        "reached": True,
+        "final_success": 0.6,
+    }
+    missed = tts.time_to_target(run("areal", 2, 1, [0.1, 0.2]), target=0.45)
+    assert not missed["reached"] and missed["time_to_target_s"] is None and missed["tokens_to_target"] is None
+
+
+def test_auto_target_is_a_share_of_sync_plus_median_final_success():
+    runs = [run("sync+", 0, s, [0.1, f]) for s, f in enumerate([0.4, 0.6, 0.5])] + [
+        run("rollart", 1, 0, [0.9])
+    ]
+    assert tts.auto_target(runs) == pytest.approx(0.9 * 0.5)
+    with pytest.raises(ValueError, match="pass --target"):
+        tts.auto_target([run("rollart", 1, 0, [0.9])])
+
+
+def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_there():
+    rows = [
+        tts.time_to_target(run("sync+", 0, s, succ), 0.5)
+        for s, succ in enumerate([[0.1, 0.2, 0.5], [0.1, 0.5, 0.6], [0.2, 0.3, 0.5]])
+    ]
+    rows += [
+        tts.time_to_target(run("rollart", 1, s, succ), 0.5)
+        for s, succ in enumerate([[0.5], [0.1, 0.5], [0.6]])
+    ]
+    rows += [tts.time_to_target(run("areal", 1, s, succ), 0.5) for s, succ in enumerate([[0.5], [0.1]])]
+    by_mode = {o["mode"]: o for o in tts.summarize(rows)}
+    assert by_mode["sync+"] == {
+        "setting": "waiting",
+        "mode": "sync+",
+        "alpha": 0,
+        "reached": "3/3",
+        "median_s": 30.0,
+        "min_s": 20.0,
+        "max_s": 30.0,
+        "speedup_vs_sync_plus": 1.0,
+    }
+    assert by_mode["rollart"]["median_s"] == 10.0 and by_mode["rollart"]["speedup_vs_sync_plus"] == 3.0
+    assert by_mode["areal"]["reached"] == "1/2" and by_mode["areal"]["median_s"] is None
+    assert by_mode["areal"]["speedup_vs_sync_plus"] is None  # one seed never got there: no median claimed
+
+
+def test_runs_are_parsed_with_each_modes_alpha():
+    assert tts._runs("sync+,rollart:2,areal,one-off") == (
+        ("sync+", 0),
+        ("rollart", 2),
+        ("areal", 1),
+        ("one-off", 1),
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'fast'"):
+        tts._runs("sync+,fast:1")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")  # as the CLI adds it to every benchmark
+    tts.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--seeds", "3,4", "--target", "0.4"])
+    s = tts.pick_settings(args, tts.FULL, tts.QUICK)
+    assert s.seeds == (3, 4) and s.target == 0.4 and s.runs == (("sync+", 0), ("rollart", 1))
