@@ -138,7 +138,7 @@ def experiment_data(s: RunSettings, mode: str, alpha: int, model_dir: str, run_r
         "tasks": [
             {
                 "env": "synthetic",
-                "env_args": {"turns": s.turns, "max_turns": s.max_turns},
+                "env_args": {"turns": s.turns, **({"max_turns": s.max_turns} if s.max_turns else {})},
                 "group_size": s.group_size,
                 "max_turns": s.max_turns or s.turns,
                 "max_tokens": s.max_tokens,

@@ -1,4 +1,5 @@
 import argparse
+from dataclasses import replace
 
 import pytest
 
@@ -60,6 +61,8 @@ def test_experiment_data_is_a_valid_config_with_one_batch_of_envs():
     task = cfg.tasks[0]
     assert (task.env, task.env_args, task.max_turns, task.max_tokens) == ("synthetic", {"turns": 5}, 5, 6)
     assert (cfg.backends.generation, cfg.backends.weight_store) == ("hf", "ray")
+    mixed = load_config(data=experiment_data(replace(s, turns=1, max_turns=10), "rollart", 1, "/m", "/runs"))
+    assert mixed.tasks[0].env_args == {"turns": 1, "max_turns": 10} and mixed.tasks[0].max_turns == 10
 
 
 async def test_env_k_sleeps_the_draws_of_seed_plus_k():
