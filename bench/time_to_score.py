@@ -279,9 +279,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for mode, alpha in s.runs:
                         r = _train(s, setting, mode, alpha, seed, Path(tmp))
                         model_dir = r.pop("model_dir")
+                        if before is None:  # every run starts from these weights: scored once
+                            before = asyncio.run(_score([model_dir], s))[model_dir]
                         paths = [p.pop("path") for p in r["points"]]
-                        scores = asyncio.run(_score(paths if before is not None else [model_dir, *paths], s))
-                        before = scores.get(model_dir, before)  # every run starts from these weights
+                        scores = asyncio.run(_score(paths, s))
                         for p, path in zip(r["points"], paths, strict=True):
                             p["success"] = scores[path]
                             shutil.rmtree(path)  # ~0.5 GB each: scored, then gone
