@@ -26,13 +26,14 @@ import contextlib
 import random
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.envs.base import Env
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import EnvManager, Generator, TurnLimits
+from engine.rollout.group_run import GroupRun
 from engine.rollout.lockstep import LockstepGenerator
 from engine.rollout.staleness import StalenessPolicy
 from engine.types import Trajectory, TrajStatus
@@ -59,54 +60,6 @@ class TaskSpec:
     eval_problems: int = 0  # distinct held-out problems evaluated (env built with split="eval")
     eval_temperature: float = 0.0  # 0: greedy
     eval_samples: int = 1  # episodes per held-out problem
-
-
-@dataclass
-class _GroupRun:
-    group_id: str
-    task: TaskSpec
-    seed: int
-    to_launch: int  # members still to start
-    launched: int = 0
-    gen: Generator | None = None  # the wave's lockstep generator in batch granularity
-    ok: int = 0  # members whose episode ended well: being scored, held or kept
-    kept: int = 0  # members accepted by the buffer
-    closed: bool = False
-    running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)  # member ids in launch order
-    outcome: dict[str, bool] = field(default_factory=dict)  # ended members: scored well, or not
-    rewards: list[float] = field(default_factory=list)  # of the kept members
-    changed: asyncio.Event = field(default_factory=asyncio.Event)  # an outcome came in
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def verdict(self, traj_id: str) -> str | None:
-        """For a member that scored well: "keep" once no earlier member can still take its place,
-        "redundant" once G earlier members did, None while that is open."""
-        ok = pending = 0
-        for tid in self.order:
-            if tid == traj_id:
-                break
-            o = self.outcome.get(tid)
-            ok += o is True
-            pending += o is None
-        if ok >= self.task.group_size:
-            return "redundant"
-        return "keep" if ok + pending < self.task.group_size else None
-
-    def first_g_known(self) -> bool:
-        """The first G members (launch order) that end well are known: the rest are redundant."""
-        ok = 0
-        for tid in self.order:
-            o = self.outcome.get(tid)
-            if o is None:
-                return False
-            ok += o
-            if ok == self.task.group_size:
-                return True
-        return False
 
 
 class RolloutScheduler:
@@ -160,7 +113,7 @@ class RolloutScheduler:
         self.counts: Counter[str] = Counter()
         self.finished: deque[Trajectory] = deque(maxlen=100_000)  # ended trajectories, drained for metrics
         self._slots = asyncio.Semaphore(concurrency)
-        self._groups: dict[str, _GroupRun] = {}
+        self._groups: dict[str, GroupRun] = {}
         self._live: dict[str, Trajectory] = {}  # running trajectories by id
         self._members: set[asyncio.Task[None]] = set()  # every member task not yet ended
         self._next_group = 0
@@ -230,7 +183,7 @@ class RolloutScheduler:
         return aborted
 
     # -- launching ---------------------------------------------------------------------------------
-    async def _next_launch(self) -> _GroupRun | None:
+    async def _next_launch(self) -> GroupRun | None:
         """The group whose next member gets the free env slot: refills first, then a new group."""
         while not self._stop.is_set():
             for g in self._groups.values():
@@ -261,9 +214,9 @@ class RolloutScheduler:
         gone = dropped + self.buffer.stats.complete_groups_evicted + self.buffer.stats.groups_returned
         return self.counts["groups_started"] - gone  # this process's (a restored run's ids go on)
 
-    def _new_group(self) -> _GroupRun:
+    def _new_group(self) -> GroupRun:
         task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
-        g = _GroupRun(
+        g = GroupRun(
             f"g{self._next_group}",
             task,
             self.rng.randrange(2**31),
@@ -292,7 +245,7 @@ class RolloutScheduler:
         self._wave_permits += n
         self._wake.set()
 
-    def _new_wave(self) -> _GroupRun:
+    def _new_wave(self) -> GroupRun:
         groups = [self._new_group() for _ in range(self.batch_groups)]
         if self.granularity == "batch":
             self._wave_gen = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
@@ -301,7 +254,7 @@ class RolloutScheduler:
         self.counts["waves"] += 1
         return groups[0]
 
-    def _replacement(self) -> _GroupRun:
+    def _replacement(self) -> GroupRun:
         g = self._new_group()
         if self._wave_gen is not None:
             g.gen = self._wave_gen
@@ -310,7 +263,7 @@ class RolloutScheduler:
         self.counts["groups_replaced"] += 1
         return g
 
-    def _launch(self, g: _GroupRun) -> None:
+    def _launch(self, g: GroupRun) -> None:
         traj = Trajectory(
             traj_id=f"{g.group_id}.m{g.launched}", group_id=g.group_id, task=g.task.name, seed=g.seed
         )
@@ -324,7 +277,7 @@ class RolloutScheduler:
         self.counts["trajectories_started"] += 1
 
     # -- one member --------------------------------------------------------------------------------
-    async def _member(self, g: _GroupRun, traj: Trajectory) -> None:
+    async def _member(self, g: GroupRun, traj: Trajectory) -> None:
         try:
             await self._play(g, traj)
             g.running.pop(traj.traj_id, None)
@@ -336,7 +289,7 @@ class RolloutScheduler:
                 traj.status, traj.failure = TrajStatus.ABORTED, "shutdown"
             raise
 
-    async def _judge(self, g: _GroupRun, traj: Trajectory) -> None:
+    async def _judge(self, g: GroupRun, traj: Trajectory) -> None:
         """Score a member that ended well, then wait until launch order says whether it is one of the
         group's first G; a redundant one ends ABORTED ("redundant"), unscored if that was known first."""
         if g.closed or g.verdict(traj.traj_id) == "redundant":
@@ -358,7 +311,7 @@ class RolloutScheduler:
             g.ok -= 1
             traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
 
-    def _ended(self, g: _GroupRun, traj: Trajectory, task: asyncio.Task[None]) -> None:
+    def _ended(self, g: GroupRun, traj: Trajectory, task: asyncio.Task[None]) -> None:
         """Every member task ends here and is counted once, even one cancelled before it ran."""
         self._members.discard(task)
         if g.outcome.setdefault(traj.traj_id, False) is False:
@@ -382,7 +335,7 @@ class RolloutScheduler:
                 self.fatal = f"{self._failures_in_a_row} trajectories in a row failed; last: {traj.failure}"
                 self.stop()
 
-    async def _play(self, g: _GroupRun, traj: Trajectory) -> None:
+    async def _play(self, g: GroupRun, traj: Trajectory) -> None:
         env: Env | None = None
         try:
             env = self.env_factory(g.task)
@@ -410,7 +363,7 @@ class RolloutScheduler:
             if hasattr(gen, "release"):
                 gen.release(traj.traj_id)
 
-    async def _settle(self, g: _GroupRun, traj: Trajectory) -> None:
+    async def _settle(self, g: GroupRun, traj: Trajectory) -> None:
         """File the member, then decide the group's fate: complete, wait, refill, or drop whole."""
         if g.closed:
             return
@@ -433,7 +386,7 @@ class RolloutScheduler:
         self._wake.set()
         return None
 
-    async def _file(self, g: _GroupRun, traj: Trajectory) -> None:
+    async def _file(self, g: GroupRun, traj: Trajectory) -> None:
         """Put a kept member into the buffer; the last one completes the group — unless every reward
         in it is the same and uniform groups are dropped (no GRPO advantage: nothing to learn)."""
         last = g.kept == g.task.group_size - 1
@@ -452,20 +405,20 @@ class RolloutScheduler:
             self._close(g, "complete")
         return None
 
-    def _cancel(self, g: _GroupRun, reason: str) -> None:
+    def _cancel(self, g: GroupRun, reason: str) -> None:
         for traj_id, task in g.running.items():
             if traj_id in self._live:
                 self._live[traj_id].failure = self._live[traj_id].failure or reason
             task.cancel()
 
-    async def _drop(self, g: _GroupRun, why: str) -> None:
+    async def _drop(self, g: GroupRun, why: str) -> None:
         self._cancel(g, f"group_dropped_{why}")
         await self.buffer.drop_group(g.group_id, f"group_{why}")
         self._close(g, f"dropped_{why}")
         if self.waves and not self._stop.is_set():
             self._replacements += 1
 
-    def _close(self, g: _GroupRun, how: str) -> None:
+    def _close(self, g: GroupRun, how: str) -> None:
         g.closed = True
         g.to_launch = 0
         self.counts[f"groups_{how}"] += 1
