@@ -50,11 +50,11 @@ def _model_import(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import asyncio
 
-    load_config(args.file, args.set)  # a bad config exits 2 before anything starts
+    cfg = load_config(args.file, args.set)  # a bad config exits 2 before anything starts
     from flows.train import RunExists, TrainingStopped, train
 
     try:
-        summary = asyncio.run(train(args.file, args.set, resume=args.resume))
+        summary = asyncio.run(train(cfg, resume=args.resume))
     except RunExists as e:  # nothing started, nothing overwritten
         print(f"rollart train: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from engine.config import load_config
@@ -17,7 +16,8 @@ from engine.config import load_config
 def deployment(
     config: str, overrides: list[str], cron: str | None = None, interval: float | None = None
 ) -> Any:
-    """The train flow as a scheduled deployment named after the experiment (not yet applied/served)."""
+    """The train flow as a scheduled deployment named after the experiment (not yet applied/served); its
+    default parameters are the resolved config, which a run started from the UI may change field by field."""
     from flows.train import train
 
     cfg = load_config(config, overrides)
@@ -27,15 +27,10 @@ def deployment(
         name=cfg.name,
         cron=cron,
         interval=interval,
-        parameters={
-            "config": str(Path(config).resolve()),
-            "overrides": overrides,
-            "resume": True,
-            "more_steps": cfg.train.steps,
-        },
+        parameters={"config": cfg.model_dump(mode="json"), "resume": True, "more_steps": cfg.train.steps},
         description=f"scheduled retraining of {cfg.name}: resume from the latest checkpoint, "
         f"then {cfg.train.steps} more steps",
-        enforce_parameter_schema=False,
+        enforce_parameter_schema=True,  # a run started from the UI with a bad field is refused, naming it
         _sync=True,  # a RunnerDeployment even when called from async code
     )
 

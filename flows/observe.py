@@ -1,5 +1,6 @@
 """Where a run's numbers go: metrics.jsonl, eval.jsonl (held-out evaluations), TensorBoard events, a
-Prefect table artifact per iteration, and a PNG of success, reward and throughput at the end."""
+version of the run's Prefect table artifact per iteration, and a PNG of success, reward and throughput
+at the end."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The training driver: one Prefect flow per run, one async sub-flow per iteration.
 
-    train(config, overrides, resume)
+    train(config, resume, more_steps)
       provision_pools → warmup_sandboxes → deploy_reward → start_actors → restore_checkpoint
       → baselines → eval (step 0) → iteration × steps (eval every `train.eval_every`) → eval (last
       trained weights) → summary.json, plot → teardown
@@ -23,22 +23,23 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import ray
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
+from prefect.runtime import flow_run
+from pydantic import Field
 
-from engine.config import ExperimentConfig, load_config
+from engine.config import ExperimentConfig
 from engine.experiment import Experiment
 from engine.protocol import IterationProtocol
 from flows.observe import MetricsSink, plot, read_eval
+from flows.report import say, slug, start_progress, summary_artifact, update_progress
 from tasks.checkpoint import restore_checkpoint, save_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
 
-console = Console(soft_wrap=True)  # one line per step, whatever the terminal width
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
 
 
@@ -57,7 +58,19 @@ async def _as_task(name: str, fn: Callable[[], Awaitable[Any]], retries: int = 0
     return await task(body, name=name, cache_policy=NO_CACHE, retries=retries)()
 
 
-@flow(name="rollart-iteration", log_prints=False, validate_parameters=False)
+def _iteration_name() -> str:
+    return f"{flow_run.parameters['run_id']} step {flow_run.parameters['step'] + 1}"
+
+
+def _train_name() -> str:
+    """The experiment's name, plus "(resumed)"."""
+    params = flow_run.parameters
+    config = params["config"]  # validated (a model), or as the API sent it (a mapping)
+    name = config.name if isinstance(config, ExperimentConfig) else config.get("name", "rollart")
+    return f"{name} (resumed)" if params.get("resume") else name
+
+
+@flow(name="rollart-iteration", flow_run_name=_iteration_name, log_prints=False, validate_parameters=False)
 async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
     exp, proto, sink = _RUNS[run_id]
     t0 = time.perf_counter()
@@ -108,12 +121,8 @@ async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
     metrics["flow_overhead_s"] = wall - inside  # Prefect's machinery: everything but the work itself
     metrics["flow_overhead_frac"] = metrics["flow_overhead_s"] / wall
     exp.store.record_step(exp.run_id, step + 1, int(metrics["version"]), _jsonable(metrics), wall)
-    await sink.write(step + 1, metrics, artifact_key=f"{_slug(exp.run_id)}-step-{step + 1}")
+    await sink.write(step + 1, metrics, artifact_key=f"{slug(exp.run_id)}-metrics")
     return metrics
-
-
-def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in s.lower())
 
 
 def _jsonable(m: dict[str, Any]) -> dict[str, Any]:
@@ -125,27 +134,25 @@ async def _eval(exp: Experiment, proto: IterationProtocol, sink: MetricsSink, st
     results = await evaluate_held_out(exp, proto)
     if results:
         await sink.write_eval(step, results)
-        console.print(
+        say(
             f"eval at step {step}: "
             + ", ".join(f"{name} success {r['success']:.3f} (n={r['n_eval']})" for name, r in results.items())
         )
     return results
 
 
-@flow(name="rollart-train", validate_parameters=False)
+@flow(name="rollart-train", flow_run_name=_train_name)
 async def train(
-    config: str | dict[str, Any],
-    overrides: list[str] | None = None,
+    config: ExperimentConfig,
     resume: bool = False,
-    more_steps: int | None = None,
+    more_steps: Annotated[int, Field(ge=1)] | None = None,
 ) -> dict:
-    """`resume`: continue from the latest checkpoint of this experiment name. `more_steps`: train that many
-    steps past where it resumed (scheduled retraining) instead of up to `train.steps`."""
-    cfg: ExperimentConfig = (
-        load_config(config, overrides)
-        if isinstance(config, str)
-        else load_config(data=config, overrides=overrides)
-    )
+    """Train the experiment `config` (typed: the Prefect UI renders it as a form and validates it).
+
+    `resume`: continue from the latest checkpoint of this experiment name. `more_steps`: train that many
+    steps past where it resumed (scheduled retraining) instead of up to `train.steps`.
+    """
+    cfg = config
     exp = Experiment(cfg)
     if not resume and (done := len(exp.store.steps(exp.run_id))):
         raise RunExists(
@@ -154,21 +161,21 @@ async def train(
         )
     t_start = time.perf_counter()
     try:
-        console.print(
+        say(
             f"[bold]rollart[/] {cfg.name}: mode {cfg.train.mode}, alpha {cfg.train.alpha}, "
             f"{cfg.train.steps} steps → {exp.run_dir}"
         )
         provision_pools(exp)
-        console.print(f"sandboxes: {await warmup_sandboxes(exp)}")
+        say(f"sandboxes: {await warmup_sandboxes(exp)}")
         deploy_reward(exp)
         if not cfg.model.path and cfg.model.pretrain_steps:
-            console.print(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
-        console.print(f"model: {prepare_model(exp)}")
+            say(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
+        say(f"model: {prepare_model(exp)}")
         start_actors(exp)
         restored = restore_checkpoint(exp, resume)
         first = restored["step"]
         if first:
-            console.print(
+            say(
                 f"resumed from step {first}: weights {restored['weights_sha256'][:12]}, optimiser "
                 f"{restored['optimizer_sha256'][:12]} as saved; {restored['steps_discarded']} later step "
                 "row(s) discarded (redone)"
@@ -181,6 +188,7 @@ async def train(
         if first == 0:
             await _eval(exp, proto, sink, 0)
         _RUNS[exp.run_id] = (exp, proto, sink)
+        progress = await start_progress(exp.run_id, first, last)
         for step in range(first, last):
             try:
                 m = await iteration(exp.run_id, step, last)
@@ -191,11 +199,12 @@ async def train(
                     f"{str(e)[:300]}\nthe last checkpoint (step {ck['step'] if ck else 'none'}) is kept; "
                     f"continue with: rollart train CONFIG --resume"
                 ) from e
-            console.print(
+            say(
                 f"step {step + 1:>4}/{last}  reward {m['reward_mean']:+.3f}  "
                 f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
                 f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
             )
+            await update_progress(progress, step + 1, last)
             every = cfg.train.eval_every
             if every and (step + 1) % every == 0 and step + 1 < last:
                 await _eval(exp, proto, sink, step + 1)
@@ -203,7 +212,8 @@ async def train(
         summary = _summary(exp, first, last, base, after, time.perf_counter() - t_start, restored)
         sink.close()
         plot(exp.run_dir)
-        console.print(f"run directory: {exp.run_dir}")
+        await summary_artifact(exp.run_id, exp.run_dir, summary)
+        say(f"run directory: {exp.run_dir}")
         return summary
     finally:
         _RUNS.pop(exp.run_id, None)

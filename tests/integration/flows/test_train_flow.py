@@ -1,5 +1,6 @@
 """The Prefect driver on a temporary server: iterations as flow runs, retries, S3 checkpoints, resume."""
 
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,8 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     prefect_home, s3_endpoint, tmp_path, monkeypatch
 ):
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactFilter, LogFilter
+    from prefect.logging.handlers import APILogHandler
 
     from flows.train import RunExists, train
     from infra.metadata import MetadataStore
@@ -117,6 +120,28 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
             assert expected in kinds, kinds
         saves = [t for t in tasks if t.name.startswith("save_checkpoint")]
         assert any(t.run_count == 3 for t in saves)  # failed twice, retried, succeeded
+
+        # what a user sees in the UI: runs named by experiment and step, their logs, one key per artifact
+        driver = next(r for r in runs if r.parameters.get("step") is None)
+        assert driver.name == "flowtest"
+        assert sorted(r.name for r in iteration_runs) == ["flowtest step 1", "flowtest step 2"]
+        await APILogHandler.aflush()
+        logs = [log.message for log in await client.read_logs(LogFilter(flow_run_id={"any_": [driver.id]}))]
+        assert any(m.startswith("step    2/2  reward") for m in logs), logs
+        assert any(m.startswith("eval at step 2: frozenlake success") for m in logs), logs
+        metrics = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key={"any_": ["flowtest-metrics"]})
+        )
+        assert len(metrics) == 2 and {r.flow_run_id for r in metrics} == {r.id for r in iteration_runs}
+        assert {row["metric"] for row in json.loads(metrics[0].data)} >= {"loss", "reward_mean", "step_s"}
+        (progress,) = await client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key={"any_": ["flowtest-progress"]})
+        )
+        assert progress.data == 100.0
+        (report,) = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key={"any_": ["flowtest-summary"]})
+        )
+        assert "| frozenlake |" in report.data and str(tmp_path / "runs" / "flowtest") in report.data
     assert calls["n"] == 4  # 3 attempts for step 1 + 1 for step 2
 
     run_dir = tmp_path / "runs" / "flowtest"
@@ -152,8 +177,10 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
 
 async def test_a_scheduled_deployment_creates_scheduled_runs_that_resume(prefect_home, tmp_path):
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ParameterTypeError
 
     from flows.deploy import deployment
+    from flows.train import train
 
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(config(tmp_path, "http://127.0.0.1:1", steps=2)))
@@ -162,10 +189,19 @@ async def test_a_scheduled_deployment_creates_scheduled_runs_that_resume(prefect
     async with get_client() as client:
         d = await client.read_deployment(dep_id)
         assert d.name == "flowtest" and d.parameters["resume"] is True and d.parameters["more_steps"] == 2
-        assert d.parameters["overrides"] == ["train.lr=0.002"]
+        assert d.parameters["config"]["train"]["lr"] == 0.002  # the resolved config, overrides applied
+        assert d.parameter_openapi_schema["properties"]["config"]["$ref"].endswith("ExperimentConfig")
         assert [s.schedule.cron for s in d.schedules] == ["0 3 * * *"]
         # The temporary server runs no scheduler service; create the run as the scheduler (or the UI) would.
         await client.create_flow_run_from_deployment(dep_id)
         scheduled = [r for r in await client.read_flow_runs() if r.deployment_id == dep_id]
         assert len(scheduled) == 1 and scheduled[0].state.is_scheduled()
         assert scheduled[0].parameters["resume"] is True
+        # a run asked for from the UI or the API with a bad field is refused, naming the field
+        bad = json.loads(json.dumps(d.parameters["config"]))
+        bad["train"]["lr"] = "fast"
+        with pytest.raises(Exception, match=r"train.*lr|lr.*train") as refused:
+            await client.create_flow_run_from_deployment(dep_id, parameters={"config": bad})
+        assert "fast" in str(refused.value)
+    with pytest.raises(ParameterTypeError, match=r"train\.lr") as refused:
+        await train(bad)  # called as a function (the CLI, a notebook): Prefect validates the same way
