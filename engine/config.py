@@ -322,6 +322,10 @@ class ExperimentConfig(_Strict):
     def run_dir(self) -> Path:
         return Path(self.run_root) / self.name
 
+    def metadata_url(self, run_dir: Path | None = None) -> str:
+        """The metadata store's URL, `{run_dir}` filled in (the run's directory, absolute)."""
+        return self.backends.metadata_url.replace("{run_dir}", str(Path(run_dir or self.run_dir).resolve()))
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 

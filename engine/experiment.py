@@ -88,8 +88,7 @@ class Experiment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = cfg.name
         self.namespace = f"rollart-{cfg.name}"
-        url = cfg.backends.metadata_url.replace("{run_dir}", str(self.run_dir))
-        self.store = MetadataStore(url)
+        self.store = MetadataStore(cfg.metadata_url(self.run_dir))
         self.rm = ResourceManager(cfg.resources.pools, self.store, run=self.run_id)
         self.model_dir = ""
         self.store_spec: dict[str, Any] | None = None

@@ -26,18 +26,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import ray
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
 from engine.config import ExperimentConfig
 from engine.experiment import Experiment
 from engine.protocol import IterationProtocol
+from flows.hooks import record_crash, record_failure
 from flows.observe import MetricsSink, plot, read_eval
 from flows.report import say, slug, start_progress, summary_artifact, update_progress
 from tasks.checkpoint import restore_checkpoint, save_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
+from tasks.phase import run_phase
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
 
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
@@ -49,13 +50,6 @@ class RunExists(RuntimeError):
 
 class TrainingStopped(RuntimeError):
     """A step failed after its retries; the run stopped, its last checkpoint kept for `--resume`."""
-
-
-async def _as_task(name: str, fn: Callable[[], Awaitable[Any]], retries: int = 0) -> Any:
-    async def body() -> Any:
-        return await fn()
-
-    return await task(body, name=name, cache_policy=NO_CACHE, retries=retries)()
 
 
 def _iteration_name() -> str:
@@ -97,7 +91,7 @@ async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
 
     retries = {"train_step": exp.cfg.train.step_retries}  # a failed step is retried, then the run stops
     metrics = await proto.step(
-        phase=lambda name, fn: _as_task(name, lambda: counted(name, fn), retries.get(name, 0))
+        phase=lambda name, fn: run_phase(name, lambda: counted(name, fn), retries.get(name, 0))
     )
     metrics["count/train_step_retries"] = attempts["train_step"] - 1
     rollout = await exp.rollout.stats.remote()
@@ -141,7 +135,7 @@ async def _eval(exp: Experiment, proto: IterationProtocol, sink: MetricsSink, st
     return results
 
 
-@flow(name="rollart-train", flow_run_name=_train_name)
+@flow(name="rollart-train", flow_run_name=_train_name, on_failure=[record_failure], on_crashed=[record_crash])
 async def train(
     config: ExperimentConfig,
     resume: bool = False,

@@ -1,4 +1,4 @@
-"""Shared metadata store (SQLAlchemy): pools, bindings, steps, checkpoints."""
+"""Shared metadata store (SQLAlchemy): pools, bindings, steps, checkpoints, how runs ended."""
 
 from infra.metadata.store import BindingRow, MetadataStore, PoolsExhausted
 

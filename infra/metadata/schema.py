@@ -19,6 +19,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 
@@ -79,5 +80,16 @@ checkpoints = Table(
     Column("step", Integer, nullable=False),
     Column("uri", String(1024), nullable=False),
     Column("weights_sha256", String(64)),
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run", String(128), nullable=False, index=True),
+    Column("kind", String(32), nullable=False),  # failed | crashed (the driver flow's final state)
+    Column("reason", Text, nullable=False),
+    Column("flow_run_id", String(64)),
     Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
 )

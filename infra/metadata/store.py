@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, create_engine, event, func, select, update
 from sqlalchemy.engine import Engine, make_url
 
-from infra.metadata.schema import bindings, checkpoints, metadata, pools, steps, utcnow
+from infra.metadata.schema import bindings, checkpoints, metadata, pools, run_events, steps, utcnow
 
 
 class PoolsExhausted(RuntimeError):
@@ -195,3 +195,19 @@ class MetadataStore:
             )
             r = c.execute(q).first()
             return dict(r._mapping) if r else None
+
+    # how runs ended --------------------------------------------------------------------------------
+    def record_event(self, run: str, kind: str, reason: str, flow_run_id: str | None = None) -> None:
+        """A driver flow that failed or crashed: why, kept beside its steps and checkpoints."""
+        with self._tx() as c:
+            c.execute(run_events.insert().values(run=run, kind=kind, reason=reason, flow_run_id=flow_run_id))
+
+    def events(self, run: str) -> list[dict[str, Any]]:
+        with self._tx() as c:
+            q = select(
+                run_events.c.kind, run_events.c.reason, run_events.c.flow_run_id, run_events.c.created_at
+            )
+            return [
+                dict(r._mapping)
+                for r in c.execute(q.where(run_events.c.run == run).order_by(run_events.c.id))
+            ]

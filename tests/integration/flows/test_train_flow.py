@@ -98,7 +98,8 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
     assert lake["before"] is not None and [p["step"] for p in summary["eval_curve"]] == [0, 2]
 
     async with get_client() as client:
-        runs = await client.read_flow_runs()
+        # this experiment's runs (the temporary server is shared by every test module in the session)
+        runs = [r for r in await client.read_flow_runs() if r.name.startswith("flowtest")]
         iteration_runs = [r for r in runs if r.parameters.get("step") is not None]
         assert len(iteration_runs) == 2 and all(r.state.is_completed() for r in iteration_runs)
         tasks = await client.read_task_runs()

@@ -3,6 +3,8 @@
 Also: the counters of injected env and reward faults reach each step's metadata-store row.
 """
 
+import asyncio
+
 import pytest
 
 from infra.metadata import MetadataStore
@@ -20,6 +22,9 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
     prefect_home,  # noqa: F811
     tmp_path,
 ):
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+
     from flows.train import TrainingStopped, train
 
     faults = {"seed": 2, "trainer_error_at_step": 2, "env_step_crash": 0.2, "reward_error": 0.2}
@@ -39,3 +44,18 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
         await train(config(tmp_path, 5, faults), resume=True)
     assert [r["step"] for r in store.steps("trainfault")] == [1, 2, 3]
     assert store.latest_checkpoint("trainfault")["step"] == 3
+
+    # the failure is on record beside the steps, and as a Prefect event an automation can match
+    (ended,) = store.events("trainfault")
+    assert ended["kind"] == "failed" and "step 4 failed after 1 retries" in ended["reason"]
+    async with get_client() as client:
+        for _ in range(100):  # events reach the server through a background worker
+            page = await client.read_events(
+                EventFilter(event=EventNameFilter(name=["rollart.run.failed"])), limit=50
+            )
+            if page.events:
+                break
+            await asyncio.sleep(0.1)
+    (event,) = page.events
+    assert event.resource.id == "rollart.experiment.trainfault" and event.payload["last_checkpoint"] == 3
+    assert "step 4 failed" in event.payload["reason"]

@@ -1,0 +1,54 @@
+"""What a failed or crashed training run leaves behind, for people and for automations.
+
+The driver flow's `on_failure` and `on_crashed` hooks write the reason into the experiment's metadata store
+(`run_events`, beside its steps and checkpoints) and emit a Prefect event, `rollart.run.failed` or
+`rollart.run.crashed`, about the resource `rollart.experiment.NAME`, with the reason and the last checkpoint
+step in its payload: what a Prefect automation matches on to re-run the experiment with `resume=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect.events import emit_event
+from pydantic import ValidationError
+
+from engine.config import ExperimentConfig
+from infra.metadata import MetadataStore
+
+
+def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
+    def hook(flow: Any, flow_run: Any, state: Any) -> None:
+        try:
+            cfg = ExperimentConfig.model_validate(flow_run.parameters["config"])
+        except ValidationError:  # the run never started: Prefect's own state names the bad field
+            return
+        reason = state.message or state.name
+        store = MetadataStore(cfg.metadata_url())
+        try:
+            store.record_event(cfg.name, kind, reason, flow_run_id=str(flow_run.id))
+            checkpoint = store.latest_checkpoint(cfg.name)
+        finally:
+            store.close()
+        emit_event(
+            event=f"rollart.run.{kind}",
+            resource={
+                "prefect.resource.id": f"rollart.experiment.{cfg.name}",
+                "prefect.resource.name": cfg.name,
+            },
+            related=[
+                {
+                    "prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                    "prefect.resource.role": "flow-run",
+                }
+            ],
+            payload={"reason": reason, "last_checkpoint": checkpoint["step"] if checkpoint else None},
+        )
+
+    hook.__name__ = f"record_{kind}"
+    return hook
+
+
+record_failure = _recorder("failed")
+record_crash = _recorder("crashed")
