@@ -4,6 +4,7 @@ The driver flow's `on_failure` and `on_crashed` hooks write the reason into the 
 (`run_events`, beside its steps and checkpoints) and emit a Prefect event, `rollart.run.failed` or
 `rollart.run.crashed`, about the resource `rollart.experiment.NAME`, with the reason and the last checkpoint
 step in its payload: what a Prefect automation matches on to re-run the experiment with `resume=True`.
+A run refused because the experiment already trained (`RunExists`) leaves nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +19,17 @@ from engine.config import ExperimentConfig
 from infra.metadata import MetadataStore
 
 
+class RunExists(RuntimeError):
+    """A fresh run was asked for where this experiment already trained: its results are not overwritten.
+
+    The flow run fails, but the experiment did not: nothing is recorded and no event is emitted (an
+    automation that resumes failed runs must not resume one that was refused)."""
+
+
 def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
     def hook(flow: Any, flow_run: Any, state: Any) -> None:
+        if f"{RunExists.__name__}: " in (state.message or ""):
+            return
         try:
             cfg = ExperimentConfig.model_validate(flow_run.parameters["config"])
         except ValidationError:  # the run never started: Prefect's own state names the bad field

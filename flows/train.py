@@ -33,7 +33,7 @@ from pydantic import Field
 from engine.config import ExperimentConfig
 from engine.experiment import Experiment
 from engine.protocol import IterationProtocol
-from flows.hooks import record_crash, record_failure
+from flows.hooks import RunExists, record_crash, record_failure
 from flows.observe import MetricsSink, plot, read_eval
 from flows.report import say, slug, start_progress, summary_artifact, update_progress
 from tasks.checkpoint import restore_checkpoint, save_checkpoint
@@ -42,10 +42,6 @@ from tasks.phase import run_phase
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
 
 _RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
-
-
-class RunExists(RuntimeError):
-    """A fresh run was asked for where this experiment already trained: its results are not overwritten."""
 
 
 class TrainingStopped(RuntimeError):

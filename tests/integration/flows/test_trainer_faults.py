@@ -23,7 +23,7 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
     tmp_path,
 ):
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
     from flows.train import TrainingStopped, train
 
@@ -51,7 +51,11 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
     async with get_client() as client:
         for _ in range(100):  # events reach the server through a background worker
             page = await client.read_events(
-                EventFilter(event=EventNameFilter(name=["rollart.run.failed"])), limit=50
+                EventFilter(
+                    event=EventNameFilter(name=["rollart.run.failed"]),
+                    resource=EventResourceFilter(id=["rollart.experiment.trainfault"]),
+                ),
+                limit=50,
             )
             if page.events:
                 break
