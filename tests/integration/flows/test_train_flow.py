@@ -23,6 +23,10 @@ def prefect_home(tmp_path_factory):
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_MEMO_STORE_PATH": str(home / "memo"),
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "storage"),
+        # a new PREFECT_HOME migrates its database before the temporary server answers: on a loaded 2-core
+        # machine that overran Prefect's 20 s start-up timeout once ("Timed out while attempting to connect
+        # to ephemeral Prefect API server"), as it had for the notebook test
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
