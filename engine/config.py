@@ -202,6 +202,18 @@ class PoolConfig(_Strict):
     kind: PoolKind
     capacity: int = Field(1, ge=0, description="units (GPUs, CPU slots, serverless concurrency)")
     device: str | None = Field(None, description="device profile for modelled backends, e.g. H800")
+    cores: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="CPU cores (Linux ids) the pool's workers run on, and their torch threads by default: "
+        "roles in pools with different cores never share one (a CPU machine split as GPU pools are)",
+    )
+
+    @field_validator("cores")
+    @classmethod
+    def _distinct_cores(cls, cores: list[int] | None) -> list[int] | None:
+        if cores is not None and (not cores or len(set(cores)) != len(cores)):
+            raise ValueError(f"cores must list distinct core ids, at least one; got {cores}")
+        return cores
 
 
 class RoleConfig(_Strict):

@@ -48,12 +48,15 @@ def store_bytes(model_dir: Path, versions: int = 3) -> int:
     return max(256 << 20, versions * weights + (64 << 20))
 
 
-def threads(n: int, mode: str) -> int:
-    """A role's CPU threads: `n`, else every core of this machine where training and generation take
-    turns (sync, sync+), half of them where they run at once (each busy role spinning on every core
-    made a 1.2M-parameter train step 3x slower on 2 cores than one thread each)."""
+def threads(n: int, mode: str, pool_cores: list[int] | None = None) -> int:
+    """A role's CPU threads: `n`, else one per core of its pool where the pool lists them, else every
+    core of this machine where training and generation take turns (sync, sync+), half of them where they
+    run at once (each busy role spinning on every core made a 1.2M-parameter train step 3x slower on 2
+    cores than one thread each)."""
+    if n or pool_cores:
+        return n or len(pool_cores or [])
     cores = os.cpu_count() or 1
-    return n or (cores if mode in ("sync", "sync+") else max(1, cores // 2))
+    return cores if mode in ("sync", "sync+") else max(1, cores // 2)
 
 
 def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
@@ -189,7 +192,7 @@ class Experiment:
                 "model_dir": self.model_dir,
                 "trainer": train_cfg,
                 "max_len": cfg.model.max_context,
-                "threads": threads(roles["actor_train"].threads, cfg.train.mode),
+                "threads": self._threads("actor_train"),
                 "faults": faults.model_dump(),
                 **common,
             },
@@ -207,7 +210,7 @@ class Experiment:
             roles["actor_gen"],
             worker_config={
                 "backend": backend,
-                "threads": threads(roles["actor_gen"].threads, cfg.train.mode),
+                "threads": self._threads("actor_gen"),
                 "kill_after_requests": faults.gen_kill_after_requests,
                 **common,
             },
@@ -248,6 +251,11 @@ class Experiment:
             )
         )
         return {"train": 1, "gen": len(slots), "namespace": self.namespace}
+
+    def _threads(self, role: str) -> int:
+        rc = self.cfg.resources.roles[role]
+        pool = next(p for p in self.cfg.resources.pools if p.name == rc.pool)
+        return threads(rc.threads, self.cfg.train.mode, pool.cores)
 
     @property
     def trainer(self) -> Any:

@@ -16,7 +16,7 @@ from prefect.events import emit_event
 from pydantic import ValidationError
 
 from engine.config import ExperimentConfig
-from infra.metadata import MetadataStore
+from tasks.events import record_run_event
 
 
 class RunExists(RuntimeError):
@@ -35,12 +35,7 @@ def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
         except ValidationError:  # the run never started: Prefect's own state names the bad field
             return
         reason = state.message or state.name
-        store = MetadataStore(cfg.metadata_url())
-        try:
-            store.record_event(cfg.name, kind, reason, flow_run_id=str(flow_run.id))
-            checkpoint = store.latest_checkpoint(cfg.name)
-        finally:
-            store.close()
+        checkpoint = record_run_event(cfg, kind, reason, flow_run_id=str(flow_run.id))
         emit_event(
             event=f"rollart.run.{kind}",
             resource={
@@ -53,7 +48,7 @@ def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
                     "prefect.resource.role": "flow-run",
                 }
             ],
-            payload={"reason": reason, "last_checkpoint": checkpoint["step"] if checkpoint else None},
+            payload={"reason": reason, "last_checkpoint": checkpoint},
         )
 
     hook.__name__ = f"record_{kind}"

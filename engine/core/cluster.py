@@ -102,7 +102,13 @@ class Cluster:
                 max_restarts=self.max_restarts,
             )
             .remote(
-                self._wname(rank), rank, self.role.count, b.pool, self.rm.kind(b.pool), self.worker_config
+                self._wname(rank),
+                rank,
+                self.role.count,
+                b.pool,
+                self.rm.kind(b.pool),
+                self.worker_config,
+                cores=self.rm.pools[b.pool].cores,
             )
             for rank, b in bound
         ]

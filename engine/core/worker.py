@@ -15,10 +15,23 @@ class Role(enum.StrEnum):
     ENVIRONMENT = "environment"
 
 
+def pin(cores: list[int], pool: str) -> None:
+    """Run every thread of this process, and the threads it starts later, on `cores` only (Linux): a
+    CPU pool is its cores as a GPU pool is its GPUs, so roles in different pools do not share a core."""
+    have = os.cpu_count() or 1
+    if max(cores) >= have:
+        raise ValueError(
+            f"resources.pools: pool {pool!r} cores {cores} are not all on this machine (0-{have - 1})"
+        )
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 class Worker:
     """Subclass per role; decorate methods with `register` / `hw_mapping` / `register_serverless`.
 
-    The Cluster passes where the worker was bound (`pool`, `pool_kind`) so a worker knows its hardware.
+    The Cluster passes where the worker was bound (`pool`, `pool_kind`) so a worker knows its hardware,
+    and the pool's `cores`: the worker's process then runs on those CPU cores only.
     """
 
     role: ClassVar[Role]
@@ -31,7 +44,10 @@ class Worker:
         pool: str,
         pool_kind: str,
         config: dict[str, Any] | None = None,
+        cores: list[int] | None = None,
     ):
+        if cores:
+            pin(cores, pool)
         self.name = name
         self.rank = rank
         self.world_size = world_size

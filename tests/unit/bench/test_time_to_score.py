@@ -5,18 +5,28 @@ import pytest
 from bench import time_to_score as tts
 
 
-def run(mode: str, alpha: int, seed: int, successes: list[float], setting: str = "waiting") -> dict:
+def run(
+    mode: str, alpha: int, seed: int, successes: list[float], setting: str = "waiting", layout: str = "split"
+) -> dict:
     points = [
         {"step": 2 * (i + 1), "train_wall_s": 10.0 * (i + 1), "tokens": 100 * (i + 1), "success": s}
         for i, s in enumerate(successes)
     ]
-    return {"setting": setting, "mode": mode, "alpha": alpha, "seed": seed, "points": points}
+    return {
+        "setting": setting,
+        "layout": layout,
+        "mode": mode,
+        "alpha": alpha,
+        "seed": seed,
+        "points": points,
+    }
 
 
 def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
     row = tts.time_to_target(run("rollart", 1, 0, [0.1, 0.45, 0.3, 0.6]), target=0.45)
     assert row == {
         "setting": "waiting",
+        "layout": "split",
         "mode": "rollart",
         "alpha": 1,
         "seed": 0,
@@ -52,6 +62,7 @@ def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_
     by_mode = {o["mode"]: o for o in tts.summarize(rows)}
     assert by_mode["sync+"] == {
         "setting": "waiting",
+        "layout": "split",
         "mode": "sync+",
         "alpha": 0,
         "reached": "3/3",
@@ -63,6 +74,28 @@ def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_
     assert by_mode["rollart"]["median_s"] == 10.0 and by_mode["rollart"]["speedup_vs_sync_plus"] == 3.0
     assert by_mode["areal"]["reached"] == "1/2" and by_mode["areal"]["median_s"] is None
     assert by_mode["areal"]["speedup_vs_sync_plus"] is None  # one seed never got there: no median claimed
+
+
+def test_speedup_is_over_sync_plus_in_the_same_setting_and_layout():
+    rows = [
+        tts.time_to_target(run("sync+", 0, 0, [0.1, 0.5], layout="split"), 0.5),  # 20 s
+        tts.time_to_target(run("sync+", 0, 0, [0.5], layout="shared"), 0.5),  # 10 s
+        tts.time_to_target(run("rollart", 1, 0, [0.5], layout="split"), 0.5),  # 10 s
+        tts.time_to_target(run("rollart", 1, 0, [0.1, 0.5], layout="shared"), 0.5),  # 20 s
+    ]
+    speedup = {(o["mode"], o["layout"]): o["speedup_vs_sync_plus"] for o in tts.summarize(rows)}
+    assert speedup[("rollart", "split")] == 2.0 and speedup[("rollart", "shared")] == 0.5
+
+
+def test_the_split_layout_gives_generation_and_training_a_core_each_in_a_valid_config():
+    from engine.config import load_config
+
+    cfg = load_config(tts.FULL.config, tts._layout("split"))
+    pools = {p.name: p.cores for p in cfg.resources.pools}
+    roles = cfg.resources.roles
+    assert pools[roles["actor_gen"].pool] == [0] and pools[roles["actor_train"].pool] == [1]
+    shared = load_config(tts.FULL.config, tts._layout("shared"))
+    assert all(p.cores is None for p in shared.resources.pools)
 
 
 def test_runs_are_parsed_with_each_modes_alpha():
@@ -77,6 +110,9 @@ def test_runs_are_parsed_with_each_modes_alpha():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")  # as the CLI adds it to every benchmark
     tts.add_arguments(parser)
-    args = parser.parse_args(["--quick", "--seeds", "3,4", "--target", "0.4"])
+    args = parser.parse_args(["--quick", "--seeds", "3,4", "--target", "0.4", "--layouts", "shared,split"])
     s = tts.pick_settings(args, tts.FULL, tts.QUICK)
     assert s.seeds == (3, 4) and s.target == 0.4 and s.runs == (("sync+", 0), ("rollart", 1))
+    assert s.layouts == ("shared", "split")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--layouts", "spread"])

@@ -135,3 +135,15 @@ def test_modes_that_fix_alpha_fill_it_in():
     assert TrainConfig(mode="one-off").alpha == 1
     assert TrainConfig(mode="sync").alpha == 0 and TrainConfig(mode="sync+").alpha == 0
     assert TrainConfig(mode="rollart").alpha == 1 and not TrainConfig().drop_uniform_groups
+
+
+def test_pool_cores_are_distinct_core_ids_named_in_the_error():
+    pools = (
+        "[{name: compute, kind: gpu-compute, cores: [1]}, "
+        "{name: bandwidth, kind: gpu-bandwidth, cores: [0]}, {name: cpu, kind: cpu}]"
+    )
+    cfg = load_config(FROZENLAKE, [f"resources.pools={pools}"])
+    assert [p.cores for p in cfg.resources.pools] == [[1], [0], None]
+    for bad in ("[0, 0]", "[]", "[-1]"):
+        with pytest.raises(ConfigError, match=r"resources\.pools\[0\]\.cores"):
+            load_config(FROZENLAKE, [f"resources.pools=[{{name: compute, kind: gpu-compute, cores: {bad}}}]"])
