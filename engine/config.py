@@ -151,6 +151,12 @@ class TrainConfig(_Strict):
     mode: Mode = "rollart"
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)
+    clip_to: Literal["proximal", "behaviour"] = Field(
+        "proximal",
+        description="centre of the clip band: the weights the step starts from, with stale samples corrected "
+        "by importance weights (decoupled PPO), or the policy that generated them (plain PPO)",
+    )
+    is_cap: float = Field(2.0, ge=1, description="truncation of the importance weights (clip_to: proximal)")
     kl_beta: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)

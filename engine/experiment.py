@@ -96,19 +96,22 @@ class Experiment:
         self.model_dir = ""
         self.store_spec: dict[str, Any] | None = None
         self._master: Any = None
+        self._ray: Any = None  # the context of the Ray this run started or joined (None: Ray was up)
         self.clusters: dict[str, Cluster] = {}
         self.proxy: Any = None
         self.rollout: Any = None
 
     # -- provisioning ------------------------------------------------------------------------------
     def provision(self) -> dict[str, Any]:
-        """Start (or join) Ray with the pools as custom resources; loopback only."""
+        """Start (or join) Ray with the pools as custom resources; loopback only. The workers' output goes
+        to Ray's log files (`worker_logs`), not to this process: the run's own lines stay readable."""
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
             if address:
-                ray.init(address=address, namespace=self.namespace)
+                self._ray = ray.init(address=address, namespace=self.namespace, log_to_driver=False)
             else:
-                ray.init(
+                self._ray = ray.init(
+                    log_to_driver=False,
                     num_cpus=os.cpu_count(),
                     resources=self.rm.ray_resources,
                     include_dashboard=False,
@@ -123,6 +126,7 @@ class Experiment:
         return {
             "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
             "ray_resources": ray.cluster_resources(),
+            "worker_logs": str(Path(self._ray.address_info["session_dir"]) / "logs") if self._ray else None,
         }
 
     def prepare_model(self) -> str:
@@ -178,6 +182,8 @@ class Experiment:
             "weight_decay": cfg.train.weight_decay,
             "clip_low": cfg.train.clip_low,
             "clip_high": cfg.train.clip_high,
+            "clip_to": cfg.train.clip_to,
+            "is_cap": cfg.train.is_cap,
             "kl_beta": cfg.train.kl_beta,
             "seed": cfg.train.seed,
             "temperature": cfg.rollout.temperature,

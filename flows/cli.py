@@ -84,7 +84,7 @@ def _deploy(args: argparse.Namespace) -> int:
     load_config(args.file, args.set)
     from flows.deploy import serve_deployment
 
-    serve_deployment(args.file, args.set, args.cron, args.interval)
+    serve_deployment(args.file, args.set, args.cron, args.interval, args.overlap, args.auto_resume, args.port)
     return 0
 
 
@@ -138,6 +138,22 @@ def _parser() -> argparse.ArgumentParser:
     when = dep.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help='e.g. "0 3 * * *"')
     when.add_argument("--interval", type=float, help="seconds between runs")
+    dep.add_argument(
+        "--overlap",
+        choices=["wait", "cancel"],
+        default="wait",
+        help="a run due while one of this experiment trains waits for it or is cancelled (default wait)",
+    )
+    dep.add_argument(
+        "--auto-resume",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-run a failed or crashed run, resuming, at most N times in a row (a Prefect automation)",
+    )
+    dep.add_argument(
+        "--port", type=int, default=4200, help="where to start a Prefect server if PREFECT_API_URL is unset"
+    )
     dep.set_defaults(func=_deploy)
 
     ui = sub.add_parser("ui", help="start a Prefect server (UI) on 127.0.0.1")

@@ -1,32 +1,57 @@
-"""Schedules and the UI: `rollart deploy` serves the train flow with a cron/interval schedule; every
-scheduled run resumes the experiment from its latest checkpoint and trains `train.steps` more steps.
-`rollart ui` runs a Prefect server on 127.0.0.1 (runs can be started there with parameters)."""
+"""Schedules and the UI.
+
+`rollart deploy` serves the train flow as a deployment named after the experiment, on a cron or interval
+schedule; every scheduled run resumes the experiment from its latest checkpoint and trains `train.steps`
+more steps. Schedules fire only where a Prefect server runs its scheduler: `rollart deploy` uses the server
+that `PREFECT_API_URL` names, or starts one on 127.0.0.1 (as `rollart ui` does) and says which. One run of
+an experiment at a time (`concurrency_limit=1`): a run due while another trains waits for it (`--overlap
+wait`) or is cancelled (`--overlap cancel`). `--auto-resume N` adds an automation that re-runs the
+deployment (resuming) when a run fails or crashes, at most N times in a row (flows/hooks.py emits the
+events it matches: `rollart.failures` counts the failed runs since the last completed one).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from engine.config import load_config
 
+OVERLAP = ("wait", "cancel")
+
 
 def deployment(
-    config: str, overrides: list[str], cron: str | None = None, interval: float | None = None
+    config: str,
+    overrides: list[str],
+    cron: str | None = None,
+    interval: float | None = None,
+    overlap: str = "wait",
 ) -> Any:
     """The train flow as a scheduled deployment named after the experiment (not yet applied/served); its
     default parameters are the resolved config, which a run started from the UI may change field by field."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
     from flows.train import train
 
     cfg = load_config(config, overrides)
     if not cron and not interval:
         raise ValueError("a schedule needs --cron or --interval")
+    if overlap not in OVERLAP:
+        raise ValueError(f"--overlap is one of {', '.join(OVERLAP)}; got {overlap!r}")
+    strategy = ConcurrencyLimitStrategy.ENQUEUE if overlap == "wait" else ConcurrencyLimitStrategy.CANCEL_NEW
     return train.to_deployment(
         name=cfg.name,
         cron=cron,
         interval=interval,
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
         parameters={"config": cfg.model_dump(mode="json"), "resume": True, "more_steps": cfg.train.steps},
         description=f"scheduled retraining of {cfg.name}: resume from the latest checkpoint, "
         f"then {cfg.train.steps} more steps",
@@ -35,14 +60,103 @@ def deployment(
     )
 
 
-def serve_deployment(config: str, overrides: list[str], cron: str | None, interval: float | None) -> None:
-    from prefect import serve
+def auto_resume(deployment_id: UUID, experiment: str, times: int) -> UUID:
+    """Create (or replace) the automation that runs the deployment again, resuming, when a run of
+    `experiment` fails or crashes, while fewer than `times` have failed in a row. Returns its id."""
+    from prefect.automations import Automation, EventTrigger, Posture, RunDeployment
 
-    serve(deployment(config, overrides, cron, interval))
+    if times < 1:
+        raise ValueError(f"--auto-resume needs at least 1 retry; got {times}")
+    name = f"rollart auto-resume {experiment}"
+    with contextlib.suppress(ValueError):  # ValueError: none of that name yet
+        Automation.read(name=name).delete()
+    automation = Automation(
+        name=name,
+        description=f"re-run {experiment} with resume=True after a failed or crashed run, "
+        f"{times}x in a row at most",
+        trigger=EventTrigger(
+            expect={"rollart.run.failed", "rollart.run.crashed"},
+            match={
+                "prefect.resource.id": f"rollart.experiment.{experiment}",
+                "rollart.failures": [str(k) for k in range(1, times + 1)],
+            },
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
+        actions=[RunDeployment(source="selected", deployment_id=deployment_id, parameters={"resume": True})],
+    ).create()
+    return automation.id
+
+
+def _prefect() -> str:
+    return shutil.which("prefect", path=os.path.dirname(sys.executable)) or "prefect"
+
+
+def start_server(
+    port: int, log: Path, timeout_s: float = 180.0, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """`prefect server start` on 127.0.0.1 in the background (output to `log`, environment `env` or this
+    process's); returns its API URL once it answers, and the process (the caller stops it)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return url, proc
+        except OSError:
+            time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError(f"the Prefect server did not answer at {url} within {timeout_s:.0f} s; see {log}")
+
+
+def serve_deployment(
+    config: str,
+    overrides: list[str],
+    cron: str | None,
+    interval: float | None,
+    overlap: str = "wait",
+    resume_times: int = 0,
+    port: int = 4200,
+) -> None:
+    """Serve the deployment until interrupted, against `PREFECT_API_URL` or a server started here."""
+    from prefect import serve
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    url, server = PREFECT_API_URL.value(), None
+    if url:
+        print(f"Prefect API: {url} (from PREFECT_API_URL); its scheduler fires the runs")
+    else:
+        log = Path(PREFECT_HOME.value()) / "rollart-server.log"
+        url, server = start_server(port, log)
+        print(
+            f"Prefect API: {url} — no PREFECT_API_URL was set, so this process started a Prefect server "
+            f"(UI http://127.0.0.1:{port}, log {log}); it stops with this process"
+        )
+    try:
+        with temporary_settings({PREFECT_API_URL: url}):
+            dep = deployment(config, overrides, cron, interval, overlap)
+            if resume_times:
+                automation = auto_resume(dep.apply(), dep.name, resume_times)
+                print(f"auto-resume: automation {automation}, at most {resume_times} runs in a row")
+            serve(dep)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def ui(port: int = 4200) -> int:
     """Start a Prefect server on 127.0.0.1 (foreground) and print its URL."""
-    prefect = shutil.which("prefect", path=os.path.dirname(sys.executable)) or "prefect"
     print(f"Prefect UI: http://127.0.0.1:{port}  (set PREFECT_API_URL=http://127.0.0.1:{port}/api to use it)")
-    return subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)])
+    return subprocess.call([_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)])

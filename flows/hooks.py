@@ -1,9 +1,11 @@
-"""What a failed or crashed training run leaves behind, for people and for automations.
+"""What a training run leaves behind when it ends, for people and for automations.
 
-The driver flow's `on_failure` and `on_crashed` hooks write the reason into the experiment's metadata store
-(`run_events`, beside its steps and checkpoints) and emit a Prefect event, `rollart.run.failed` or
-`rollart.run.crashed`, about the resource `rollart.experiment.NAME`, with the reason and the last checkpoint
-step in its payload: what a Prefect automation matches on to re-run the experiment with `resume=True`.
+The driver flow's `on_completion`, `on_failure` and `on_crashed` hooks write how the run ended into the
+experiment's metadata store (`run_events`, beside its steps and checkpoints) and emit a Prefect event,
+`rollart.run.completed`, `rollart.run.failed` or `rollart.run.crashed`, about the resource
+`rollart.experiment.NAME`. The resource carries `rollart.failures`: the failed or crashed runs of the
+experiment since its last completed one, this one included ("0" after a completion); the payload the reason
+and the last checkpoint's step. `rollart deploy --auto-resume N` matches on them (flows/deploy.py).
 A run refused because the experiment already trained (`RunExists`) leaves nothing.
 """
 
@@ -16,7 +18,7 @@ from prefect.events import emit_event
 from pydantic import ValidationError
 
 from engine.config import ExperimentConfig
-from tasks.events import record_run_event
+from tasks.events import record_run_end
 
 
 class RunExists(RuntimeError):
@@ -35,12 +37,13 @@ def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
         except ValidationError:  # the run never started: Prefect's own state names the bad field
             return
         reason = state.message or state.name
-        checkpoint = record_run_event(cfg, kind, reason, flow_run_id=str(flow_run.id))
+        end = record_run_end(cfg, kind, reason, flow_run_id=str(flow_run.id))
         emit_event(
             event=f"rollart.run.{kind}",
             resource={
                 "prefect.resource.id": f"rollart.experiment.{cfg.name}",
                 "prefect.resource.name": cfg.name,
+                "rollart.failures": str(end.failures_in_a_row),
             },
             related=[
                 {
@@ -48,12 +51,13 @@ def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
                     "prefect.resource.role": "flow-run",
                 }
             ],
-            payload={"reason": reason, "last_checkpoint": checkpoint},
+            payload={"reason": reason, "last_checkpoint": end.last_checkpoint},
         )
 
     hook.__name__ = f"record_{kind}"
     return hook
 
 
+record_completion = _recorder("completed")
 record_failure = _recorder("failed")
 record_crash = _recorder("crashed")

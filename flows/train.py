@@ -5,23 +5,17 @@
       → baselines → eval (step 0) → iteration × steps (eval every `train.eval_every`) → eval (last
       trained weights) → summary.json, plot → teardown
 
-Each iteration flow runs the six-step protocol (engine.protocol) with every step as a Prefect task, records
-the step in the metadata store, writes metrics (jsonl, TensorBoard, a table artifact) and checkpoints every
-k steps. The flow machinery's share of each step's time is measured and reported.
+The driver owns its live objects (`flows.iteration.LiveRun`); each iteration is a sub-flow on them.
 
-Faults: a failing `train_step` task is retried `train.step_retries` times, only while the failed attempt
-applied nothing (the trainer's version did not move); past that the run stops with `TrainingStopped`, its
-last checkpoint kept, and `--resume` continues from that checkpoint. Retry and drop counters (env, reward,
-generation, train step) go into each step's metrics and its metadata-store row.
+Faults: a step whose `train_step` failed past its retries (flows/iteration.py) stops the run with
+`TrainingStopped`, its last checkpoint kept, and `--resume` continues from that checkpoint. Retry and drop
+counters (env, reward, generation, train step) go into each step's metrics and its metadata-store row.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,23 +27,17 @@ from pydantic import Field
 from engine.config import ExperimentConfig
 from engine.experiment import Experiment
 from engine.protocol import IterationProtocol
-from flows.hooks import RunExists, record_crash, record_failure
+from flows.hooks import RunExists, record_completion, record_crash, record_failure
+from flows.iteration import LiveRun
 from flows.observe import MetricsSink, plot, read_eval
-from flows.report import say, slug, start_progress, summary_artifact, update_progress
-from tasks.checkpoint import restore_checkpoint, save_checkpoint
+from flows.report import say, start_progress, summary_artifact, update_progress
+from tasks.checkpoint import restore_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
-from tasks.phase import run_phase
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
-
-_RUNS: dict[str, tuple[Experiment, IterationProtocol, MetricsSink]] = {}  # live objects of running drivers
 
 
 class TrainingStopped(RuntimeError):
     """A step failed after its retries; the run stopped, its last checkpoint kept for `--resume`."""
-
-
-def _iteration_name() -> str:
-    return f"{flow_run.parameters['run_id']} step {flow_run.parameters['step'] + 1}"
 
 
 def _train_name() -> str:
@@ -58,65 +46,6 @@ def _train_name() -> str:
     config = params["config"]  # validated (a model), or as the API sent it (a mapping)
     name = config.name if isinstance(config, ExperimentConfig) else config.get("name", "rollart")
     return f"{name} (resumed)" if params.get("resume") else name
-
-
-@flow(name="rollart-iteration", flow_run_name=_iteration_name, log_prints=False, validate_parameters=False)
-async def iteration(run_id: str, step: int, last: int) -> dict[str, Any]:
-    exp, proto, sink = _RUNS[run_id]
-    t0 = time.perf_counter()
-    inside = 0.0
-
-    async def timed(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        nonlocal inside
-        t = time.perf_counter()
-        try:
-            return await fn()
-        finally:
-            inside += time.perf_counter() - t
-
-    attempts: Counter[str] = Counter()
-    before: dict[str, int] = {}
-
-    async def counted(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        attempts[name] += 1
-        if name == "train_step":  # a retry is safe only if the failed attempt applied nothing
-            version = await exp.trainer.version.remote()
-            if before.setdefault(name, version) != version:
-                raise RuntimeError(f"train step failed after its optimiser step (v{version}): not retried")
-        return await timed(name, fn)
-
-    retries = {"train_step": exp.cfg.train.step_retries}  # a failed step is retried, then the run stops
-    metrics = await proto.step(
-        phase=lambda name, fn: run_phase(name, lambda: counted(name, fn), retries.get(name, 0))
-    )
-    metrics["count/train_step_retries"] = attempts["train_step"] - 1
-    rollout = await exp.rollout.stats.remote()
-    proxy = await exp.proxy.summary.remote()
-    metrics["count/gen_requests_retried"] = proxy["retried"]
-    metrics["count/gen_requests_failed"] = sum(proxy["worker_failures"].values())  # worker died holding them
-    metrics.update({f"count/reward_{k}": v for k, v in rollout["reward"].items()})
-    metrics.update({f"count/{k}": v for k, v in rollout["buffer"].items()})  # buffer_evicted_<reason> ...
-    metrics["tokens_per_s_rollout"] = rollout["tokens"] / max(metrics["step_s"], 1e-9)
-    for name, t in rollout["tasks"].items():
-        if t["reward_mean"] is not None:
-            metrics[f"rollout/{name}/reward"] = t["reward_mean"]
-            metrics[f"rollout/{name}/success"] = t["success_rate"]
-    metrics.update({f"count/{k}": v for k, v in rollout["counts"].items()})
-    metrics.update(rollout["bias"])  # trained vs started: turns, tokens, success (rollout/selection.py)
-    if (step + 1) % exp.cfg.train.checkpoint_every == 0 or step + 1 == last:
-        metrics["checkpoint"] = await timed(
-            "checkpoint", lambda: asyncio.to_thread(save_checkpoint, exp, step + 1)
-        )
-    wall = time.perf_counter() - t0
-    metrics["flow_overhead_s"] = wall - inside  # Prefect's machinery: everything but the work itself
-    metrics["flow_overhead_frac"] = metrics["flow_overhead_s"] / wall
-    exp.store.record_step(exp.run_id, step + 1, int(metrics["version"]), _jsonable(metrics), wall)
-    await sink.write(step + 1, metrics, artifact_key=f"{slug(exp.run_id)}-metrics")
-    return metrics
-
-
-def _jsonable(m: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(m, default=str))
 
 
 async def _eval(exp: Experiment, proto: IterationProtocol, sink: MetricsSink, step: int) -> dict[str, Any]:
@@ -131,7 +60,13 @@ async def _eval(exp: Experiment, proto: IterationProtocol, sink: MetricsSink, st
     return results
 
 
-@flow(name="rollart-train", flow_run_name=_train_name, on_failure=[record_failure], on_crashed=[record_crash])
+@flow(
+    name="rollart-train",
+    flow_run_name=_train_name,
+    on_completion=[record_completion],
+    on_failure=[record_failure],
+    on_crashed=[record_crash],
+)
 async def train(
     config: ExperimentConfig,
     resume: bool = False,
@@ -155,7 +90,9 @@ async def train(
             f"[bold]rollart[/] {cfg.name}: mode {cfg.train.mode}, alpha {cfg.train.alpha}, "
             f"{cfg.train.steps} steps → {exp.run_dir}"
         )
-        provision_pools(exp)
+        pools = provision_pools(exp)
+        if pools["worker_logs"]:
+            say(f"worker logs: {pools['worker_logs']}")
         say(f"sandboxes: {await warmup_sandboxes(exp)}")
         deploy_reward(exp)
         if not cfg.model.path and cfg.model.pretrain_steps:
@@ -177,11 +114,11 @@ async def train(
         base = await baselines(exp)
         if first == 0:
             await _eval(exp, proto, sink, 0)
-        _RUNS[exp.run_id] = (exp, proto, sink)
+        live = LiveRun(exp, proto, sink)
         progress = await start_progress(exp.run_id, first, last)
         for step in range(first, last):
             try:
-                m = await iteration(exp.run_id, step, last)
+                m = await live.iteration(cfg.name, step + 1, last)
             except Exception as e:
                 ck = exp.store.latest_checkpoint(exp.run_id)
                 raise TrainingStopped(
@@ -206,7 +143,6 @@ async def train(
         say(f"run directory: {exp.run_dir}")
         return summary
     finally:
-        _RUNS.pop(exp.run_id, None)
         exp.teardown()
         if ray.is_initialized():
             ray.shutdown()

@@ -23,6 +23,7 @@ generate (seconds, once per `TORCHINDUCTOR_CACHE_DIR`), and it lowers torch's th
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -37,6 +38,18 @@ from engine.backends.base import GenerationBackend
 from engine.backends.hf import validate_request
 from engine.backends.vllm_ext import EXTENSION
 from engine.types import GenOutput, GenRequest, SamplingParams
+
+
+class _KeptRotaryCache(logging.Filter):
+    """vLLM's layer-wise reload warns "RotaryEmbedding: Failed to load weights" at every weight update:
+    the rotary cos/sin cache is computed from the config, never in a checkpoint, so reload puts back the
+    cache the layer had (model_loader/reload/layerwise.py). Nothing failed: that one line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_KeptRotaryCache())
 
 
 @dataclass

@@ -67,10 +67,21 @@ def policy_loss(
     agg: LossAgg = "token-mean",
     ref_logprobs: Tensor | None = None,
     kl_beta: float = 0.0,
+    proximal_logprobs: Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss `−min(ρ·A, clip(ρ, 1−clip_low, 1+clip_high)·A)` per token, aggregated.
 
-    `ρ = exp(logprobs − behavior_logprobs)`. Tensors are `(B, T)`; `advantages` is `(B,)` (one per
+    Without `proximal_logprobs`: `ρ = exp(logprobs − behavior_logprobs)`, the clip band around the policy
+    that generated the tokens. With them (decoupled PPO, as in AReaL): `ρ = exp(logprobs − proximal)`, the
+    band around the policy the step starts from, and each token's term is weighted by the behaviour
+    correction `w = min(exp(proximal − behavior_logprobs), is_cap)` (truncated importance sampling). For a
+    sample generated k versions ago the first form clips every token whose probability already moved by
+    more than the band since then, so stale samples teach little exactly where learning is fastest; the
+    second keeps the trust region where the update happens and corrects staleness by w. On-policy (the
+    behaviour policy is the proximal one) both are the same loss.
+
+    Tensors are `(B, T)`; `advantages` is `(B,)` (one per
     sequence) or `(B, T)` (per token); `mask` selects the tokens that count (1/True on action tokens).
 
     `agg="token-mean"` sums over all masked tokens of the batch and divides by their count (long
@@ -82,26 +93,33 @@ def policy_loss(
     estimator `exp(ref − lp) − (ref − lp) − 1` (unbiased, always ≥ 0), aggregated like the policy term.
 
     Stats (floats, over masked tokens): `clip_frac` — share of tokens where the clipped term was the
-    one chosen (ρ above 1+clip_high with A > 0, or below 1−clip_low with A < 0), `ratio_mean`, `kl`.
+    one chosen (ρ above 1+clip_high with A > 0, or below 1−clip_low with A < 0), `ratio_mean`, `kl`,
+    and with a proximal policy `is_weight_mean` and `is_truncated_frac` (tokens whose w hit `is_cap`).
     """
     _check_loss_args(logprobs, behavior_logprobs, advantages, mask, clip_low, clip_high, agg)
     if kl_beta < 0:
         raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
     if kl_beta > 0 and ref_logprobs is None:
         raise ValueError("ref_logprobs is required when kl_beta > 0")
-    if ref_logprobs is not None and ref_logprobs.shape != logprobs.shape:
-        raise ValueError(
-            f"ref_logprobs shape {tuple(ref_logprobs.shape)} != logprobs shape {tuple(logprobs.shape)}"
-        )
-
+    for name, other in (("ref_logprobs", ref_logprobs), ("proximal_logprobs", proximal_logprobs)):
+        if other is not None and other.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {tuple(other.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    if is_cap < 1:
+        raise ValueError(f"is_cap must be >= 1, got {is_cap}")
     weights = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)
-    ratio = torch.exp(logprobs - behavior_logprobs)
+    anchor = behavior_logprobs if proximal_logprobs is None else proximal_logprobs.detach()
+    ratio = torch.exp(logprobs - anchor)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    behaviour_w = None
+    if proximal_logprobs is not None:
+        raw_w = torch.exp(proximal_logprobs.detach() - behavior_logprobs)
+        behaviour_w = raw_w.clamp(max=is_cap)
+        per_token = per_token * behaviour_w
 
     kl = None
     if ref_logprobs is not None:
@@ -118,6 +136,9 @@ def policy_loss(
             "ratio_mean": float((ratio * weights).sum() / count),
             "kl": float((kl * weights).sum() / count) if kl is not None else 0.0,
         }
+        if behaviour_w is not None:
+            stats["is_weight_mean"] = float((behaviour_w * weights).sum() / count)
+            stats["is_truncated_frac"] = float(((raw_w > is_cap).to(weights.dtype) * weights).sum() / count)
     return loss, stats
 
 

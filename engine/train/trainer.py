@@ -11,6 +11,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -19,6 +20,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from engine.train.batch import TrainBatch, token_logprobs
 from engine.train.grpo import LossAgg, policy_loss
+
+ClipTo = Literal["proximal", "behaviour"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,11 @@ class TrainerConfig:
     micro_batch_size: int = 8
     clip_low: float = 0.2
     clip_high: float = 0.28
+    # The clip band's centre (engine.train.grpo.policy_loss): "proximal", the weights this step starts
+    # from, with the behaviour policy corrected by importance weights truncated at `is_cap`; or
+    # "behaviour", the policy that generated the tokens (plain PPO clipping).
+    clip_to: ClipTo = "proximal"
+    is_cap: float = 2.0
     agg: LossAgg = "token-mean"
     kl_beta: float = 0.0
     seed: int = 0
@@ -57,6 +65,10 @@ class TrainerConfig:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.clip_to not in ("proximal", "behaviour"):
+            raise ValueError(f"clip_to must be 'proximal' or 'behaviour', got {self.clip_to!r}")
+        if self.is_cap < 1:
+            raise ValueError(f"is_cap must be >= 1, got {self.is_cap}")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimiser step `step` (0-based): linear warm-up, then constant."""
@@ -110,7 +122,10 @@ class TorchTrainer:
         if action_tokens == 0:
             raise ValueError("batch has no action tokens (loss_mask is all zero): nothing to train on")
         self.optimizer.zero_grad(set_to_none=True)
-        totals = dict.fromkeys(("loss", "clip_frac", "ratio_mean", "kl", "entropy"), 0.0)
+        averaged = ("clip_frac", "ratio_mean", "kl") + (
+            ("is_weight_mean", "is_truncated_frac") if cfg.clip_to == "proximal" else ()
+        )
+        totals = dict.fromkeys(("loss", "entropy", *averaged), 0.0)
         for lo in range(0, len(batch), cfg.micro_batch_size):
             micro = batch.rows(lo, lo + cfg.micro_batch_size)
             micro_tokens = float(micro.loss_mask.sum())
@@ -124,7 +139,7 @@ class TorchTrainer:
             loss, stats, entropy_sum = self._micro_loss(micro)
             (loss * weight).backward()
             totals["loss"] += loss.item() * weight
-            for key in ("clip_frac", "ratio_mean", "kl"):
+            for key in averaged:
                 totals[key] += stats[key] * micro_tokens / action_tokens
             totals["entropy"] += entropy_sum / action_tokens
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
@@ -167,6 +182,10 @@ class TorchTrainer:
             agg=self.config.agg,
             ref_logprobs=ref_logprobs,
             kl_beta=self.config.kl_beta,
+            # one optimiser step per batch: every micro-batch is scored by the weights the step started
+            # from, so these log-probs (without their gradient) are exactly the proximal policy's
+            proximal_logprobs=logprobs.detach() if self.config.clip_to == "proximal" else None,
+            is_cap=self.config.is_cap,
         )
         return loss, stats, float((entropy * mask).sum())
 

@@ -46,7 +46,8 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
     assert store.latest_checkpoint("trainfault")["step"] == 3
 
     # the failure is on record beside the steps, and as a Prefect event an automation can match
-    (ended,) = store.events("trainfault")
+    completed, ended = store.events("trainfault")  # the first run completed, the resumed one failed
+    assert completed["kind"] == "completed"
     assert ended["kind"] == "failed" and "step 4 failed after 1 retries" in ended["reason"]
     async with get_client() as client:
         for _ in range(100):  # events reach the server through a background worker
@@ -62,4 +63,5 @@ async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_kee
             await asyncio.sleep(0.1)
     (event,) = page.events
     assert event.resource.id == "rollart.experiment.trainfault" and event.payload["last_checkpoint"] == 3
+    assert event.resource["rollart.failures"] == "1"  # the first failure since the last completed run
     assert "step 4 failed" in event.payload["reason"]

@@ -181,3 +181,44 @@ def test_policy_loss_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     }
     with pytest.raises(ValueError, match=match):
         policy_loss(**{**args, **kwargs})
+
+
+def _stale(adv: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two tokens a sample generated two versions ago: one whose probability has since risen by 60%, one
+    unchanged; the current policy (= the proximal one, one optimiser step per batch) scores them."""
+    logprobs = torch.log(torch.tensor([[0.8, 0.5]])).requires_grad_()
+    behaviour = torch.log(torch.tensor([[0.5, 0.5]]))
+    return logprobs, behaviour, torch.tensor([adv])
+
+
+def test_clipping_to_the_behaviour_policy_stops_learning_on_tokens_that_already_moved() -> None:
+    logprobs, behaviour, adv = _stale(1.0)
+    loss, stats = policy_loss(logprobs, behaviour, adv, torch.ones(1, 2))
+    loss.backward()
+    assert logprobs.grad[0, 0] == 0.0 and stats["clip_frac"] == 0.5  # ratio 1.6 > 1.28: clipped, no gradient
+    assert logprobs.grad[0, 1] == pytest.approx(-0.5)  # -A * ratio / 2 tokens
+
+
+def test_clipping_to_the_proximal_policy_learns_from_every_token_weighted_by_its_staleness() -> None:
+    logprobs, behaviour, adv = _stale(1.0)
+    loss, stats = policy_loss(logprobs, behaviour, adv, torch.ones(1, 2), proximal_logprobs=logprobs.detach())
+    loss.backward()
+    # the gradient of -A * w * ratio with ratio = 1 at the proximal point: w = 1.6, then 1.0, over 2 tokens
+    assert logprobs.grad[0].tolist() == pytest.approx([-0.8, -0.5])
+    assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == pytest.approx(1.0)
+    assert stats["is_weight_mean"] == pytest.approx(1.3) and stats["is_truncated_frac"] == 0.0
+    capped, capped_stats = policy_loss(
+        logprobs, behaviour, adv, torch.ones(1, 2), proximal_logprobs=logprobs.detach(), is_cap=1.2
+    )
+    assert capped_stats["is_weight_mean"] == pytest.approx(1.1) and capped_stats["is_truncated_frac"] == 0.5
+    assert capped.item() == pytest.approx(-(1.2 + 1.0) / 2)
+
+
+def test_on_policy_the_two_centres_give_the_same_loss_and_gradient() -> None:
+    logprobs = torch.log(torch.tensor([[0.3, 0.6, 0.9]])).requires_grad_()
+    adv, mask = torch.tensor([-0.7]), torch.tensor([[1.0, 1.0, 0.0]])
+    plain, _ = policy_loss(logprobs, logprobs.detach(), adv, mask)
+    (g_plain,) = torch.autograd.grad(plain, logprobs)
+    decoupled, _ = policy_loss(logprobs, logprobs.detach(), adv, mask, proximal_logprobs=logprobs.detach())
+    (g_decoupled,) = torch.autograd.grad(decoupled, logprobs)
+    assert float(plain) == pytest.approx(float(decoupled)) and torch.allclose(g_plain, g_decoupled)

@@ -27,7 +27,7 @@ def worker(model_dir: str, **trainer: object) -> TrainWorker:
 def test_kl_beta_trains_against_the_frozen_starting_model(
     model_dir: str, make_group: Callable[..., Group]
 ) -> None:
-    tw = worker(model_dir, lr=1e-2, kl_beta=0.1)
+    tw = worker(model_dir, lr=1e-2, kl_beta=0.1, clip_to="behaviour")  # small, steady steps away
     group = make_group([(1.0, [TURN]), (0.0, [([10, 11, 12], [30, 31], [-3.0, -3.0], 0)])])
     kls = [tw.train_step([group])["kl"] for _ in range(3)]
     assert kls[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update

@@ -1,0 +1,174 @@
+"""Schedules that fire: `rollart deploy` against a real `prefect server start` on 127.0.0.1 (its scheduler
+and automations running; not the temporary test server), as a user runs retraining.
+
+One process serves the deployment. A run started as from the UI (`prefect deployment run -p` with a changed
+config field) and the interval schedule's runs train one at a time (a run that comes due while another
+trains waits for it); each resumes from the checkpoint before it and trains two steps further. Then the
+auto-resume automation answers a crash event with a resuming run, and ignores one past its limit.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    from flows.deploy import start_server
+
+    home = tmp_path / "prefect"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    url, proc = start_server(free_port(), home / "server.log", env=env)
+    try:
+        yield {**env, "PREFECT_API_URL": url}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def experiment(tmp_path: Path) -> dict:
+    cfg = yaml.safe_load((ROOT / "configs" / "frozenlake.yaml").read_text())
+    cfg.update(name="sched", run_root=str(tmp_path / "runs"))
+    cfg["model"]["pretrain_steps"] = 0  # a random tiny model: scheduling is under test, not learning
+    cfg["tasks"] = [dict(cfg["tasks"][0], group_size=2, max_turns=3, eval_problems=3, eval_samples=1)]
+    cfg["rollout"].update(concurrency=8, redundancy=0)
+    cfg["train"].update(steps=2, batch_groups=2, checkpoint_every=2, micro_batch=8)
+    cfg["backends"].update(generation="hf", weight_store="ray")
+    return cfg
+
+
+async def _runs(client, deployment_id) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
+
+    runs = await client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id={"any_": [deployment_id]}),
+        flow_run_filter=FlowRunFilter(parent_task_run_id={"is_null_": True}),
+    )
+    bad = [r for r in runs if r.state and (r.state.is_failed() or r.state.is_crashed())]
+    assert not bad, [(r.name, r.state.message) for r in bad]
+    return runs
+
+
+def _emit_crash(env: dict, experiment: str, failures: str) -> None:
+    """The event flows/hooks.py emits when a run of `experiment` crashes, sent from another process."""
+    code = (
+        "from prefect.events import emit_event; emit_event(event='rollart.run.crashed', resource="
+        f"{{'prefect.resource.id': 'rollart.experiment.{experiment}', 'rollart.failures': '{failures}'}}, "
+        "payload={'reason': 'test', 'last_checkpoint': 2})"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+
+def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "prefect"), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, LogFilter
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from infra.metadata import MetadataStore
+
+    env = prefect_server
+    path = tmp_path / "sched.yaml"
+    cfg = experiment(tmp_path)
+    path.write_text(yaml.safe_dump(cfg))
+    log = (tmp_path / "deploy.log").open("w")
+    deploy = subprocess.Popen(
+        [str(BIN / "rollart"), "deploy", str(path), "--interval", "30", "--auto-resume", "2"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            async with get_client() as client:
+                for _ in range(240):  # the deploy process imports torch and applies the deployment
+                    if _prefect(env, "deployment", "inspect", "rollart-train/sched").returncode == 0:
+                        break
+                    assert deploy.poll() is None, (tmp_path / "deploy.log").read_text()
+                    await asyncio.sleep(1)
+                dep = await client.read_deployment_by_name("rollart-train/sched")
+                assert dep.global_concurrency_limit.limit == 1  # one run of the experiment at a time
+                assert dep.concurrency_options.collision_strategy == "ENQUEUE"  # --overlap wait
+
+                # as from the UI: a changed config field through the typed parameter; a bad one refused
+                def run_with_lr(lr: object) -> subprocess.CompletedProcess:
+                    config = json.loads(json.dumps(dep.parameters["config"]))
+                    config["train"]["lr"] = lr
+                    params = json.dumps({"config": config})
+                    return _prefect(env, "deployment", "run", "rollart-train/sched", "--params", params)
+
+                bad = run_with_lr("fast")
+                assert bad.returncode != 0 and "lr" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+                ui = run_with_lr(0.002)
+                assert ui.returncode == 0, ui.stdout + ui.stderr
+
+                done: list = []
+                for _ in range(900):  # three runs of ~1 minute each, one after the other
+                    runs = await _runs(client, dep.id)
+                    done = sorted((r for r in runs if r.state.is_completed()), key=lambda r: r.start_time)
+                    if len(done) >= 3:
+                        break
+                    assert deploy.poll() is None, (tmp_path / "deploy.log").read_text()
+                    await asyncio.sleep(1)
+                first, second, third = done[:3]
+                # the UI run, its field changed, and two the scheduler fired (in whatever order they came)
+                lrs = [r.parameters["config"]["train"]["lr"] for r in (first, second, third)]
+                assert sorted(lrs) == sorted([0.002, cfg["train"]["lr"], cfg["train"]["lr"]])
+                assert sum(r.auto_scheduled for r in (first, second, third)) == 2
+                assert first.end_time <= second.start_time and second.end_time <= third.start_time
+                logs = {  # by id: every run of a scheduled deployment is named "sched (resumed)"
+                    r.id: [m.message for m in await client.read_logs(LogFilter(flow_run_id={"any_": [r.id]}))]
+                    for r in (second, third)
+                }
+                (automation,) = [
+                    a for a in await client.read_automations() if a.name == "rollart auto-resume sched"
+                ]
+                assert automation.actions[0].deployment_id == dep.id
+        deploy.terminate()  # what the automation starts now stays scheduled: no runner serves it
+        deploy.wait(timeout=60)
+        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            async with get_client() as client:
+                # a third failure in a row is past --auto-resume 2: no run; a first one: one run, resuming
+                for failures in ("3", "1"):
+                    _emit_crash(env, "sched", failures)
+                made: list = []
+                for _ in range(120):
+                    runs = await client.read_flow_runs(
+                        deployment_filter=DeploymentFilter(id={"any_": [dep.id]})
+                    )
+                    made = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
+                    if made:
+                        break
+                    await asyncio.sleep(1)
+                await asyncio.sleep(5)  # time for a second, wrong one to show up
+                runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [dep.id]}))
+                made = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
+                assert len(made) == 1 and made[0].parameters["resume"] is True
+    finally:
+        if deploy.poll() is None:
+            deploy.terminate()
+            deploy.wait(timeout=60)
+        log.close()
+
+    store = MetadataStore(f"sqlite:///{tmp_path}/runs/sched/metadata.db")
+    assert [s["step"] for s in store.steps("sched")][:6] == [1, 2, 3, 4, 5, 6]  # nothing repeated or skipped
+    hashes = {s: store.latest_checkpoint("sched", s)["weights_sha256"] for s in (2, 4, 6)}
+    assert len(set(hashes.values())) == 3  # each run trained further
+    assert any(m.startswith(f"resumed from step 2: weights {hashes[2][:12]}") for m in logs[second.id])
+    assert any(m.startswith(f"resumed from step 4: weights {hashes[4][:12]}") for m in logs[third.id])
+    assert [e["kind"] for e in store.events("sched")][:3] == ["completed"] * 3
