@@ -30,7 +30,13 @@ def prefect_home(tmp_path_factory):
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    yield home
+    # Prefect reads its settings from the environment once, when first imported: another test module may
+    # have imported it already, so the settings are set here too (the server subprocess reads the env)
+    import prefect.settings
+
+    updates = {getattr(prefect.settings, name): value for name, value in env.items()}
+    with prefect.settings.temporary_settings(updates=updates):
+        yield home
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
