@@ -75,6 +75,7 @@ def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "prefect"), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.timeout(900)  # three training runs in a row (~4 minutes here) on a possibly slower machine
 async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_server, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, LogFilter
