@@ -32,12 +32,16 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.async_runs import LatencyEnvs, at_least
 from bench.report import new_figure, pick_settings, print_table, save_figure, write_json
+
+if TYPE_CHECKING:
+    from engine.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("plain", "waiting")
@@ -64,6 +68,7 @@ class Settings:
     wait_ms: float = 200.0
     wait_sigma_ms: float = 50.0
     target: float | None = None
+    overrides: Sequence[str] = ()  # config fields set for every run, as `rollart train --set`
 
 
 FULL = Settings()
@@ -120,6 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--wait-ms", type=at_least(float, 0), help="waiting setting: mean env latency per reset/step")
     add("--wait-sigma-ms", type=at_least(float, 0), help="its std dev")
     add(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a config field set for every run (repeatable), e.g. train.drop_uniform_groups=true",
+    )
+    add(
         "--target",
         type=at_least(float, 0),
         help=f"held-out success to reach (default {TARGET_SHARE} × sync+)",
@@ -139,28 +151,37 @@ def _layout(layout: str) -> list[str]:
     return [f"resources.pools={json.dumps(pools)}"]
 
 
-def _train(
+def run_config(
     s: Settings, setting: str, layout: str, mode: str, alpha: int, seed: int, root: Path
-) -> dict[str, Any]:
-    """Train one run; returns its checkpoints with the training time and tokens each was reached at."""
+) -> ExperimentConfig:
+    """The experiment config of one run: the task config with the mode, seed, `--set` fields and layout."""
     from engine.config import load_config
-    from engine.experiment import Experiment
-    from engine.rollout.service import default_env_factory
 
-    name = f"tts-{setting}-{layout}-{mode.replace('+', 'plus')}-a{alpha}-s{seed}"
-    cfg = load_config(
+    return load_config(
         Path(s.config),
         [
-            f"name={name}",
+            f"name=tts-{setting}-{layout}-{mode.replace('+', 'plus')}-a{alpha}-s{seed}",
             f"run_root={root / 'runs'}",
             f"train.mode={mode}",
             f"train.alpha={alpha}",
             f"train.seed={seed}",
             f"train.steps={s.steps}",
             f"tasks.0.eval_problems={s.eval_problems}",
+            *s.overrides,
             *_layout(layout),
         ],
     )
+
+
+def _train(
+    s: Settings, setting: str, layout: str, mode: str, alpha: int, seed: int, root: Path
+) -> dict[str, Any]:
+    """Train one run; returns its checkpoints with the training time and tokens each was reached at."""
+    from engine.experiment import Experiment
+    from engine.rollout.service import default_env_factory
+
+    cfg = run_config(s, setting, layout, mode, alpha, seed, root)
+    name = cfg.name
     exp = Experiment(cfg)
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, seed * 100_000)
@@ -222,7 +243,7 @@ async def _score(paths: list[str], s: Settings) -> dict[str, float]:
     from engine.experiment import task_specs
     from engine.rollout.chat import ChatFormat
 
-    cfg = load_config(Path(s.config), [f"tasks.0.eval_problems={s.eval_problems}"])
+    cfg = load_config(Path(s.config), [*s.overrides, f"tasks.0.eval_problems={s.eval_problems}"])
     [spec] = task_specs(cfg)
     out = {}
     for path in paths:

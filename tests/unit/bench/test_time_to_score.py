@@ -116,3 +116,21 @@ def test_runs_are_parsed_with_each_modes_alpha():
     assert s.layouts == ("shared", "split")
     with pytest.raises(SystemExit):
         parser.parse_args(["--layouts", "spread"])
+
+
+def test_set_fields_reach_every_runs_config_and_a_bad_one_is_refused_by_name(tmp_path):
+    from engine.config import ConfigError
+
+    parser = argparse.ArgumentParser()
+    tts.add_arguments(parser)
+    args = parser.parse_args(["--set", "train.drop_uniform_groups=true", "--set", "train.lr=0.00002"])
+    s = tts.pick_settings(args, tts.FULL, tts.QUICK)
+    cfg = tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path)
+    assert cfg.train.drop_uniform_groups and cfg.train.lr == 0.00002
+    assert (cfg.train.mode, cfg.train.alpha, cfg.train.seed) == ("rollart", 1, 2)
+    assert cfg.name == "tts-waiting-split-rollart-a1-s2"
+    plain = tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path)
+    assert not plain.train.drop_uniform_groups and plain.train.lr == 0.00001
+    bad = tts.pick_settings(parser.parse_args(["--set", "train.drop_uniform=true"]), tts.FULL, tts.QUICK)
+    with pytest.raises(ConfigError, match="drop_uniform"):
+        tts.run_config(bad, "waiting", "split", "rollart", 1, 2, tmp_path)
