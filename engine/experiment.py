@@ -199,6 +199,7 @@ class Experiment:
                 "trainer": train_cfg,
                 "max_len": cfg.model.max_context,
                 "threads": self._threads("actor_train"),
+                "training": cfg.backends.training,
                 "faults": faults.model_dump(),
                 **common,
             },

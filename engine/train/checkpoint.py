@@ -67,6 +67,7 @@ def save_checkpoint(
             "version": trainer.version,
             "has_tokenizer": tokenizer is not None,
             "trainer_config": asdict(trainer.config),
+            "param_layout": _layout(trainer),
             "extra": json.loads(extra_json),
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
@@ -86,6 +87,12 @@ def load_checkpoint(path: str | Path, trainer: TorchTrainer) -> dict[str, Any]:
     state = json.loads(state_file.read_text())
     if state.get("format") != _FORMAT:
         raise ValueError(f"{state_file}: unsupported checkpoint format {state.get('format')!r}")
+    saved_layout, layout = state.get("param_layout", "hf"), _layout(trainer)
+    if saved_layout != layout:
+        raise ValueError(
+            f"{path}: its optimiser state is for the {saved_layout} parameter layout, this trainer's model "
+            f"has the {layout} one (backends.training changed?); resume with the backend that saved it"
+        )
     dtype = next(trainer.model.parameters()).dtype
     saved = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     trainer.model.load_state_dict(saved.state_dict())  # in place: the optimiser keeps its parameters
@@ -95,6 +102,11 @@ def load_checkpoint(path: str | Path, trainer: TorchTrainer) -> dict[str, Any]:
     _set_rng_state(torch.load(path / _RNG_FILE, weights_only=True))
     trainer.version = int(state["version"])
     return state["extra"]
+
+
+def _layout(trainer: TorchTrainer) -> str:
+    """Whose parameter order the optimiser state follows: "hf", or the model's own (e.g. "megatron")."""
+    return str(getattr(trainer.model, "param_layout", "hf"))
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -1,7 +1,9 @@
-"""TrainWorker: the ActorTrain role — GRPO steps on the torch backend, weight publishing, checkpoints.
+"""TrainWorker: the ActorTrain role — GRPO steps, weight publishing, checkpoints.
 
 config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
-"bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores)}.
+"bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores),
+"training": "torch" (the HF model, default) or "megatron" (a Megatron-core GPTModel converted from it,
+engine/train/megatron; weights still published and saved in HF names)}.
 A training step takes whole GRPO groups (never partial ones), reports loss/clip/entropy/KL/grad-norm/
 tokens-per-s plus the batch's rewards and staleness.
 """
@@ -19,7 +21,7 @@ from transformers import AutoTokenizer
 from engine.core.worker import Role, Worker
 from engine.train.batch import build_train_batch
 from engine.train.checkpoint import load_checkpoint, save_checkpoint
-from engine.train.trainer import TorchTrainer, TrainerConfig
+from engine.train.trainer import ModelSource, TorchTrainer, TrainerConfig
 from engine.types import Group
 from engine.weights.transfer import WeightPublisher
 from infra.weightstore.factory import open_store
@@ -43,9 +45,20 @@ class TrainWorker(Worker):
         torch.set_num_threads(max(1, int(self.config.get("threads", 1))))
         self.model_dir = str(self.config["model_dir"])
         trainer_cfg = TrainerConfig(**self.config.get("trainer", {}))
+        training = self.config.get("training", "torch")
+        if training not in ("torch", "megatron"):
+            raise ValueError(f"training: unknown backend {training!r}; choose torch or megatron")
+
+        def policy() -> ModelSource:
+            if training == "megatron":
+                from engine.train.megatron.model import MegatronLM  # imports megatron-core: only when used
+
+                return MegatronLM(self.model_dir)
+            return self.model_dir
+
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
-        ref_model = self.model_dir if trainer_cfg.kl_beta > 0 else None
-        self.trainer = TorchTrainer(self.model_dir, trainer_cfg, ref_model=ref_model)
+        ref_model = policy() if trainer_cfg.kl_beta > 0 else None
+        self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         store = self.config.get("store")

@@ -75,7 +75,8 @@ class TrainerConfig:
         return self.lr * min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else self.lr
 
 
-ModelSource = PreTrainedModel | str | Path
+# An HF causal LM, a local HF model directory, or a module with the same edges (engine.train.megatron)
+ModelSource = PreTrainedModel | torch.nn.Module | str | Path
 
 
 class TorchTrainer:
@@ -254,7 +255,7 @@ def _decoded(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail], dim=1)
 
 
-def _load(source: ModelSource, device: torch.device) -> PreTrainedModel:
+def _load(source: ModelSource, device: torch.device) -> PreTrainedModel | torch.nn.Module:
     if isinstance(source, str | Path):
         if not Path(source).is_dir():
             raise ValueError(f"model directory {source} does not exist (the trainer loads local models only)")

@@ -18,10 +18,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(init_model("tiny", tmp_path_factory.mktemp("tw") / "tiny"))
 
 
-def worker(model_dir: str, **trainer: object) -> TrainWorker:
-    return TrainWorker(
-        "train-0", 0, 1, "compute", "gpu-compute", {"model_dir": model_dir, "run_id": "r", "trainer": trainer}
-    )
+def worker(model_dir: str, training: str = "torch", **trainer: object) -> TrainWorker:
+    config = {"model_dir": model_dir, "run_id": "r", "trainer": trainer, "training": training}
+    return TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
 
 
 def test_kl_beta_trains_against_the_frozen_starting_model(
@@ -41,3 +40,29 @@ def test_groups_of_different_sizes_train_together(model_dir: str, make_group: Ca
     four = make_group([(1.0, [TURN]), (0.0, [TURN]), (0.0, [TURN]), (0.5, [TURN])], group_id="four")
     metrics = tw.train_step([pair, four])
     assert metrics["groups"] == 2 and metrics["trajectories"] == 6 and Path(model_dir).is_dir()
+
+
+def test_the_megatron_backend_trains_saves_and_resumes_in_hf_names(
+    model_dir: str, make_group: Callable[..., Group], tmp_path: Path
+) -> None:
+    """backends.training: megatron — same starting weights (hash over HF names) as the torch backend, a
+    checkpoint that HF loads, and a resume that restores weights and optimiser exactly."""
+    mega, plain = worker(model_dir, "megatron", lr=1e-3), worker(model_dir, lr=1e-3)
+    assert type(mega.trainer.model).__name__ == "MegatronLM"
+    assert mega.weights_sha256() == plain.weights_sha256()
+    group = make_group([(1.0, [TURN]), (0.0, [([10, 11, 12], [30, 31], [-3.0, -3.0], 0)])])
+    first = mega.train_step([group])
+    assert first["version"] == 1 and first["grad_norm"] > 0
+    path = mega.save(str(tmp_path / "ck"), {"step": 1})
+    resumed = worker(model_dir, "megatron", lr=1e-3)
+    assert resumed.load(path) == {"step": 1} and resumed.version() == 1
+    assert resumed.weights_sha256() == mega.weights_sha256()
+    assert resumed.train_step([group])["loss"] == pytest.approx(mega.train_step([group])["loss"], abs=1e-7)
+    assert resumed.weights_sha256() == mega.weights_sha256()  # optimiser moments came back too
+    with pytest.raises(ValueError, match="megatron parameter layout, this trainer's model has the hf one"):
+        plain.load(path)
+
+
+def test_an_unknown_training_backend_is_refused(model_dir: str) -> None:
+    with pytest.raises(ValueError, match="training: unknown backend 'jax'"):
+        worker(model_dir, "jax")
