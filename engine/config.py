@@ -276,8 +276,11 @@ class BackendsConfig(_Strict):
     metadata_url: str = Field("sqlite:///{run_dir}/metadata.db", description="any SQLAlchemy URL")
     checkpoint_uri: str = Field("{run_dir}/checkpoints", description="local dir or s3://bucket/prefix")
     s3_endpoint_url: str | None = None
-    sandbox: Literal["bwrap", "process"] = "bwrap"
-    serverless: Literal["ray-serve", "lambda"] = "ray-serve"
+    # One choice each, named so a config says what it runs on: untrusted code only ever runs in the
+    # bubblewrap sandbox (infra/sandbox.py), and serverless reward endpoints are Ray Serve deployments
+    # (infra/serve.py). Anything else is refused rather than accepted and ignored.
+    sandbox: Literal["bwrap"] = "bwrap"
+    serverless: Literal["ray-serve"] = "ray-serve"
 
     @model_validator(mode="after")
     def _store_bytes_need_mooncake(self) -> BackendsConfig:
