@@ -193,7 +193,7 @@ class RolloutScheduler:
                 if self._replacements:  # a group of the wave was dropped: the batch still needs B
                     self._replacements -= 1
                     return self._replacement()
-                if not self._groups and self._wave_permits != 0:  # the previous wave is over
+                if not self._groups and self._wave_permits != 0 and self._wave_admitted():
                     if self._wave_permits is not None:
                         self._wave_permits -= 1
                     return self._new_wave()
@@ -204,6 +204,16 @@ class RolloutScheduler:
             self._wake.clear()
             await self._wake.wait()
         return None
+
+    def _wave_admitted(self) -> bool:
+        """A wave (the previous one over) may start: the sync modes gate it by permits; the continuous
+        modes at batch granularity by the staleness bound, as they admit single groups (a wave is one
+        batch of groups, so its first group's batch is the wave's)."""
+        if self._wave_permits is not None:
+            return True
+        return self.policy.may_start(
+            self._live_groups(), self.batch_groups, self.version, self.buffer.next_batch
+        )
 
     def _live_groups(self) -> int:
         """Groups started that may still reach the trainer and have not yet: not taken by a batch, not

@@ -226,10 +226,19 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
     assert s.counts["groups_dropped_stale"] == 1 and s.counts["aborted_stale_in_flight"] == 2
 
 
+@pytest.mark.parametrize("granularity", ["trajectory", "batch"])  # batch: waves of one batch, in lockstep
 @pytest.mark.parametrize("mode", ["areal", "rollart"])
-async def test_admits_a_group_only_if_the_batch_it_lands_in_is_within_alpha_of_the_served_version(mode):
+async def test_admits_a_group_only_if_the_batch_it_lands_in_is_within_alpha_of_the_served_version(
+    mode, granularity
+):
     s, buf, *_ = scheduler(
-        lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, mode=mode, alpha=1, batch_groups=1
+        lambda i: 0.001,
+        tasks=[task(group_size=2)],
+        concurrency=4,
+        mode=mode,
+        alpha=1,
+        batch_groups=1,
+        granularity=granularity,
     )
     runner = asyncio.ensure_future(s.run())
     assert await settled_starts(s, 2) == 2  # serving v0: batches v0 and v1 may take v0 groups
