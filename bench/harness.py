@@ -1,4 +1,4 @@
-"""One rollout step through the real control plane with modelled devices and envs (DESIGN §5).
+"""One rollout step through the real control plane with modelled devices and envs.
 
 Shared by the paper-scale benchmarks (affinity, pd, serverless, redundancy, scale). What is real: the
 LLMProxy (affinity routing, fallback, sticky prefix-cache reuse), one EnvManager loop per env, the

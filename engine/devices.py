@@ -1,4 +1,4 @@
-"""Device and model profiles, and the roofline times a modelled generation backend charges (DESIGN §5).
+"""Device and model profiles, and the roofline times a modelled generation backend charges.
 
 With no GPUs, paper-scale benchmarks model the *devices* while the control plane stays real. A device is
 its datasheet peaks; a model is the handful of shape numbers that decide FLOPs and bytes moved. Times are

@@ -1,8 +1,9 @@
 """Experiment: builds one run's long-lived pieces on Ray from an `ExperimentConfig` (the composition root).
 
 Each step is its own method so the Prefect tasks can wrap them one by one (provision, model, weight
-store, actors, checkpoint restore) and retry each on its own. Actors are named and detached in a
-namespace per run, so a resumed driver finds them again (`get_if_exists`).
+store, actors, checkpoint restore) and retry each on its own. The actors live in a Ray namespace per run
+(`rollout` and `llm-proxy` by name) and die with the driver; a resumed run starts new ones and restores
+their state from the checkpoint.
 """
 
 from __future__ import annotations

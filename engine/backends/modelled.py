@@ -1,4 +1,4 @@
-"""Modelled generation: a continuous-batching engine whose compute is a roofline of a device (DESIGN §5).
+"""Modelled generation: a continuous-batching engine whose compute is a roofline of a device.
 
 The control plane (proxy, env loops, buffer, weight sync) is real; only the GPU is replaced. Requests
 queue; each engine *iteration* admits waiting requests while the batch has room, prefills their prompt

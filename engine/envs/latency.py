@@ -1,4 +1,4 @@
-"""Modelled env latency (DESIGN §5): a wrapper that sleeps a seeded random time before each call.
+"""Modelled env latency: a wrapper that sleeps a seeded random time before each call.
 
 Benchmarks at paper scale replace slow real envs (sandboxes, web pages) by a wrapper around a fast
 one. The draws are a pure function of the seed, so a benchmark can compute the ideal schedule from

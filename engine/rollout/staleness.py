@@ -1,4 +1,4 @@
-"""How each training mode bounds staleness (DESIGN §3 "Versions and staleness"; README "Modes").
+"""How each training mode bounds staleness (README "Modes"; docs/architecture.md, the protocol per mode).
 
 Version k = weights after k optimiser steps; the batch trained at version n makes n + 1. While step n
 trains, the generation workers serve version n (published by step n − 1), so rollout runs one version
