@@ -6,7 +6,8 @@
     4 resume     — requests flow again; `advance` aborts what the new version made too stale
     5 continue   — in-flight trajectories go on with the new weights (engines reset their prefix cache,
                    so the cached context is recomputed under the new weights)
-    6 train_step — runs while rollout goes on; then the new version is published and prefetched
+    6 train_step — overlaps rollout in one-off, areal and rollart (sync, sync+: no wave is out); then
+                   the new version is published and prefetched
 
 Modes are the same code with different overlap: `sync`/`sync+` keep rollout out of training (one
 gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
