@@ -37,6 +37,18 @@ class WorkerHandle:
     calls: int = 0  # calls routed here so far: ties go to the least used (spreads load)
 
 
+GPU_KINDS = ("gpu-compute", "gpu-bandwidth")
+
+
+def gpus_for(kind: str, units: int) -> float:
+    """The GPUs Ray gives a worker holding `units` of a pool of `kind`: one per unit of a GPU pool when
+    the Ray cluster has GPUs; none otherwise — on a machine without GPUs the GPU pools are placement
+    labels (optionally CPU cores). A worker given no GPU hides them from itself (`Worker.__init__`)."""
+    if kind not in GPU_KINDS or not ray.cluster_resources().get("GPU", 0):
+        return 0.0
+    return float(units)
+
+
 class Cluster:
     def __init__(
         self,
@@ -92,10 +104,21 @@ class Cluster:
                     f"Ray cluster has {have} of resource '{res}' (pool {b.pool}) but a worker "
                     f"needs {b.units}: start Ray with resources=rm.ray_resources"
                 )
+        gpus = {b.id: gpus_for(self.rm.kind(b.pool), b.units) for _, b in bound}
+        have_gpus = ray.cluster_resources().get("GPU", 0)
+        short = [b for _, b in bound if gpus[b.id] > have_gpus]
+        if short:
+            for _, other in bound:
+                self.rm.release(other)
+            raise RuntimeError(
+                f"pool {short[0].pool}: a worker needs {gpus[short[0].id]:g} GPUs, the Ray cluster has "
+                f"{have_gpus:g}"
+            )
         actors = [
             ray.remote(self.worker_cls)
             .options(
                 resources={ray_resource(b.pool): b.units},
+                num_gpus=gpus[b.id],
                 num_cpus=0,
                 max_concurrency=self.max_concurrency,
                 namespace=self.namespace,

@@ -7,6 +7,8 @@ import os
 import socket
 from typing import Any, ClassVar
 
+import ray
+
 
 class Role(enum.StrEnum):
     ACTOR_TRAIN = "actor_train"
@@ -25,6 +27,21 @@ def pin(cores: list[int], pool: str) -> None:
         )
     for tid in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(tid), cores)
+
+
+def hide_gpus_unless_given() -> None:
+    """In a Ray actor that was given no GPU, make none visible (Ray leaves CUDA_VISIBLE_DEVICES unset
+    there, so on a GPU machine such a worker would see, and might use, every GPU). Call before CUDA is
+    first touched; a no-op outside actors and in actors that hold GPUs."""
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() and not ray.get_gpu_ids():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def device() -> str:
+    """Where this process's torch work runs: "cuda" when it was given a GPU, else "cpu"."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Worker:
@@ -48,6 +65,7 @@ class Worker:
     ):
         if cores:
             pin(cores, pool)
+        hide_gpus_unless_given()
         self.name = name
         self.rank = rank
         self.world_size = world_size
@@ -56,5 +74,14 @@ class Worker:
         self.config = config or {}
 
     def ping(self) -> dict[str, Any]:
-        """Liveness and placement: the Cluster records `node` in the binding row."""
-        return {"name": self.name, "pid": os.getpid(), "node": socket.gethostname(), "pool": self.pool}
+        """Liveness and placement: the Cluster records `node` in the binding row; `gpus` are the GPU ids
+        Ray gave this worker (what its CUDA_VISIBLE_DEVICES names), `device` where its torch work runs."""
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "node": socket.gethostname(),
+            "pool": self.pool,
+            "gpus": [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else [],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device": device(),
+        }

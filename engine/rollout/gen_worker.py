@@ -25,7 +25,7 @@ import torch
 
 from engine.backends import make_backend
 from engine.backends.base import GenerationBackend
-from engine.core.worker import Role, Worker
+from engine.core.worker import Role, Worker, device
 from engine.types import GenOutput, GenRequest
 from engine.weights.transfer import WeightPrefetcher
 from infra.weightstore.factory import open_store
@@ -42,6 +42,8 @@ class GenerationWorker(Worker):
         if self.config.get("threads"):  # before the engine is built: vLLM's CPU worker pins it afterwards
             torch.set_num_threads(int(self.config["threads"]))
         spec = dict(self.config["backend"])
+        if spec["kind"] == "hf":  # on the GPU Ray gave this worker, if any (vLLM finds it by itself)
+            spec.setdefault("device", device())
         self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
         store = self.config.get("store")
         self.prefetcher = WeightPrefetcher(open_store(store), self.config["run_id"]) if store else None

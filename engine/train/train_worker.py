@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from engine.core.worker import Role, Worker
+from engine.core.worker import Role, Worker, device
 from engine.train.batch import build_train_batch
 from engine.train.checkpoint import load_checkpoint, save_checkpoint
 from engine.train.trainer import ModelSource, TorchTrainer, TrainerConfig
@@ -58,7 +58,8 @@ class TrainWorker(Worker):
 
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
         ref_model = policy() if trainer_cfg.kl_beta > 0 else None
-        self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model)
+        # on the GPU Ray gave this worker (a GPU pool on a machine with GPUs), else the CPU; fp32 either way
+        self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model, device=device())
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         store = self.config.get("store")

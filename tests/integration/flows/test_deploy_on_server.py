@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,55 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
     assert any(m.startswith(f"resumed from step 2: weights {hashes[2][:12]}") for m in logs[second.id])
     assert any(m.startswith(f"resumed from step 4: weights {hashes[4][:12]}") for m in logs[third.id])
     assert [e["kind"] for e in store.events("sched")][:3] == ["completed"] * 3
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.timeout(600)
+def test_deploy_without_an_api_url_starts_a_server_says_so_and_stops_it_on_sigterm(tmp_path):
+    """No PREFECT_API_URL: `rollart deploy` starts `prefect server start` on 127.0.0.1 itself, serves the
+    deployment against it, and takes it down when stopped (as a process manager stops it: SIGTERM)."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    path = tmp_path / "sched.yaml"
+    path.write_text(yaml.safe_dump(experiment(tmp_path)))
+    port = free_port()
+    out = tmp_path / "deploy.log"
+    with out.open("w") as log:
+        deploy = subprocess.Popen(
+            [str(BIN / "rollart"), "deploy", str(path), "--interval", "3600", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    api = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    try:
+        for _ in range(240):  # the server starts, then the deployment is applied
+            if _prefect(api, "deployment", "inspect", "rollart-train/sched").returncode == 0:
+                break
+            assert deploy.poll() is None, out.read_text()
+            time.sleep(1)
+        else:
+            raise AssertionError(f"no deployment within 240 s\n{out.read_text()}")
+        text = out.read_text()
+        assert f"Prefect API: http://127.0.0.1:{port}/api — no PREFECT_API_URL was set" in text, text
+        deploy.send_signal(signal.SIGTERM)
+        deploy.wait(timeout=90)
+        for _ in range(60):
+            if not _listening(port):
+                break
+            time.sleep(0.5)
+        assert not _listening(port), "the server this deploy started outlived it"
+    finally:
+        if deploy.poll() is None:
+            deploy.kill()
+            deploy.wait(timeout=30)
+        # a server left behind by a failed run of this test is stopped too (matched by its port)
+        subprocess.run(["pkill", "-f", f"server start --host 127.0.0.1 --port {port}"], check=False)

@@ -17,9 +17,9 @@ from ray.exceptions import RayActorError
 from engine.config import PoolConfig, RoleConfig
 from engine.core.cluster import Cluster
 from engine.core.decorators import hw_mapping, register, register_serverless
-from engine.core.resources import ResourceManager
 from engine.core.worker import Role, Worker
-from infra.metadata import MetadataStore, PoolsExhausted
+from infra.metadata import PoolsExhausted
+from tests.integration.engine.core.pools import pools_on_ray
 
 ROOT = Path(__file__).resolve().parents[4]
 POOLS = [
@@ -48,17 +48,8 @@ class GenWorker(Worker):
 
 @pytest.fixture(scope="module")
 def rm(tmp_path_factory):
-    store = MetadataStore(f"sqlite:///{tmp_path_factory.mktemp('meta')}/metadata.db")
-    manager = ResourceManager(POOLS, store, run="cluster-test")
-    ray.init(
-        num_cpus=2,
-        resources=manager.ray_resources,
-        include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
-    yield manager
-    ray.shutdown()
-    store.close()
+    with pools_on_ray(POOLS, tmp_path_factory.mktemp("meta") / "metadata.db", "cluster-test") as manager:
+        yield manager
 
 
 @pytest.fixture
