@@ -40,13 +40,11 @@ class WorkerHandle:
 GPU_KINDS = ("gpu-compute", "gpu-bandwidth")
 
 
-def gpus_for(kind: str, units: int) -> float:
+def gpus_for(kind: str, units: int, cluster_gpus: float) -> float:
     """The GPUs Ray gives a worker holding `units` of a pool of `kind`: one per unit of a GPU pool when
     the Ray cluster has GPUs; none otherwise — on a machine without GPUs the GPU pools are placement
     labels (optionally CPU cores). A worker given no GPU hides them from itself (`Worker.__init__`)."""
-    if kind not in GPU_KINDS or not ray.cluster_resources().get("GPU", 0):
-        return 0.0
-    return float(units)
+    return float(units) if kind in GPU_KINDS and cluster_gpus else 0.0
 
 
 class Cluster:
@@ -104,8 +102,8 @@ class Cluster:
                     f"Ray cluster has {have} of resource '{res}' (pool {b.pool}) but a worker "
                     f"needs {b.units}: start Ray with resources=rm.ray_resources"
                 )
-        gpus = {b.id: gpus_for(self.rm.kind(b.pool), b.units) for _, b in bound}
         have_gpus = ray.cluster_resources().get("GPU", 0)
+        gpus = {b.id: gpus_for(self.rm.kind(b.pool), b.units, have_gpus) for _, b in bound}
         short = [b for _, b in bound if gpus[b.id] > have_gpus]
         if short:
             for _, other in bound:

@@ -42,7 +42,12 @@ def test_gpu_pool_workers_get_their_own_gpus_and_cpu_workers_none(rm):
         assert g["cuda_visible_devices"] == g["gpus"][0]
         assert r["cuda_visible_devices"] == ""  # a worker given no GPU sees none (Worker hides them)
         assert {t["device"], g["device"], r["device"]} == {"cpu"}  # declared GPUs, no CUDA: the CPU
-        assert (gpus_for("gpu-compute", 2), gpus_for("gpu-bandwidth", 1), gpus_for("cpu", 2)) == (2, 1, 0)
+        assert (gpus_for("gpu-compute", 2, 3), gpus_for("gpu-bandwidth", 1, 3), gpus_for("cpu", 2, 3)) == (
+            2,
+            1,
+            0,
+        )
+        assert gpus_for("gpu-compute", 2, 0) == 0  # no GPUs in the cluster: GPU pools are labels
     finally:
         for c in (train, gen, reward):
             c.shutdown()
