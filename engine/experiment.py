@@ -205,6 +205,7 @@ class Experiment:
                 **common,
             },
             namespace=self.namespace,
+            wait=False,
         )
         backend: dict[str, Any] = {"kind": cfg.backends.generation, "model_dir": self.model_dir}
         if cfg.backends.generation == "vllm":
@@ -225,6 +226,7 @@ class Experiment:
             max_concurrency=1024,
             namespace=self.namespace,
             max_restarts=GEN_MAX_RESTARTS,
+            wait=False,
         )
         slots = [
             GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency)
@@ -258,6 +260,8 @@ class Experiment:
                 drop_uniform=cfg.train.drop_uniform_groups,
             )
         )
+        for c in self.clusters.values():  # all roles were requested at once: their imports overlap
+            c.ready()
         return {"train": 1, "gen": len(slots), "namespace": self.namespace}
 
     def _threads(self, role: str) -> int:

@@ -13,11 +13,11 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from transformers import AutoTokenizer
 
 from engine.core.handles import acall
 from engine.evaluate import evaluate, majority_baseline
 from engine.experiment import Experiment, task_specs
+from engine.models.tokenizer import load_tokenizer
 from engine.protocol import IterationProtocol
 from engine.rollout.chat import ChatFormat
 from engine.rollout.service import ProxyClient
@@ -48,7 +48,7 @@ async def evaluate_held_out(exp: Experiment, proto: IterationProtocol) -> dict[s
     if not any(s.eval_problems for s in specs):
         return {}
     version = await proto.serve_latest()
-    chat = ChatFormat(AutoTokenizer.from_pretrained(exp.model_dir))
+    chat = ChatFormat(load_tokenizer(exp.model_dir))
     results = await evaluate(specs, chat, ProxyClient(exp.proxy))
     seen = trained_problems(exp, await acall(exp.rollout, "problems"))
     for name, res in results.items():

@@ -2,6 +2,8 @@
 each decorated Worker method onto itself so `cluster.method(...)` dispatches as declared.
 
 `cluster.m(...)` blocks and returns the result(s); `await cluster.m.aio(...)` is the async form.
+`Cluster(..., wait=False)` returns as soon as its actors are requested; `ready()` then waits for them, so a
+run starts all its roles at once and their processes import in parallel.
 A worker found dead (by `check()` or by a failed call) is rebound and respawned; the failed call is
 retried once on the replacement. With `max_restarts`, Ray itself restarts a worker whose process died
 (same handle, same placement); calls in flight then fail and the caller retries them (the LLMProxy does).
@@ -60,6 +62,7 @@ class Cluster:
         max_concurrency: int = 1,
         namespace: str | None = None,
         max_restarts: int = 0,
+        wait: bool = True,
     ):
         if not ray.is_initialized():
             raise RuntimeError("Cluster needs Ray: call ray.init(resources=rm.ray_resources) first")
@@ -77,6 +80,7 @@ class Cluster:
         self.routes: Counter[str] = Counter()  # pool -> hw_mapping calls sent there
         self.fallback_calls = 0
         self.restarts = 0
+        self._starting: list[tuple[BindingRow, Any]] = []  # (binding, ping ref) not yet answered
         self.workers = self._spawn(
             [
                 (rank, rm.bind(self._wname(rank), worker_cls.role.value, role.pool, role.units))
@@ -87,12 +91,14 @@ class Cluster:
             spec = dispatch_spec(getattr(worker_cls, attr, None))
             if spec is not None:
                 setattr(self, attr, _BoundMethod(self, attr, spec))
+        if wait:
+            self.ready()
 
     def _wname(self, rank: int) -> str:
         return f"{self.name}-{rank}"
 
     def _spawn(self, bound: list[tuple[int, BindingRow]]) -> list[WorkerHandle]:
-        """Start one actor per (rank, binding) at once, then record where each landed."""
+        """Request one actor per (rank, binding) at once; `ready()` records where each landed."""
         for _, b in bound:
             res, have = ray_resource(b.pool), ray.cluster_resources().get(ray_resource(b.pool), 0)
             if have < b.units:
@@ -133,18 +139,26 @@ class Cluster:
             )
             for rank, b in bound
         ]
-        infos = ray.get([a.ping.remote() for a in actors])
-        for (_, b), info in zip(bound, infos, strict=True):
-            self.rm.store.set_binding(b.id, node=info["node"])
+        self._starting += [(b, a.ping.remote()) for (_, b), a in zip(bound, actors, strict=True)]
         return [
             WorkerHandle(rank, a, b, self.rm.kind(b.pool), self.max_concurrency)
             for (rank, b), a in zip(bound, actors, strict=True)
         ]
 
+    def ready(self) -> Cluster:
+        """Wait until every requested worker answers (raises what its constructor raised); record the node
+        each landed on."""
+        starting, self._starting = self._starting, []
+        infos = ray.get([ref for _, ref in starting])
+        for (b, _), info in zip(starting, infos, strict=True):
+            self.rm.store.set_binding(b.id, node=info["node"])
+        return self
+
     # liveness ------------------------------------------------------------------------------------
     def _replace(self, w: WorkerHandle) -> WorkerHandle:
         ray.kill(w.actor, no_restart=True)
         [new] = self._spawn([(w.rank, self.rm.rebind(w.binding))])
+        self.ready()
         self.workers[w.rank] = new
         self.restarts += 1
         return new

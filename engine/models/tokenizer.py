@@ -6,15 +6,19 @@ case, each one token) inside `<answer>…</answer>`, and JSON-ish punctuation. B
 text, including unicode the corpus never saw, still encodes and decodes exactly. Training is
 deterministic: the corpus comes from a seeded RNG and BPE merges are chosen by count, so the same
 arguments give the same vocabulary.
+
+`load_tokenizer` reads any model directory's tokenizer back the light way (see there).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, TokenizersBackend
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -119,3 +123,20 @@ def train_tokenizer(vocab_size: int = 1024, seed: int = 0) -> PreTrainedTokenize
         clean_up_tokenization_spaces=False,
         model_max_length=2048,
     )
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The tokenizer of a model directory, as its `tokenizer.json` defines it.
+
+    `AutoTokenizer` picks a class from the model type through transformers' auto registry, which imports
+    torch and every model's config (~8 s on 2 cores): a start-up cost for the processes that only tokenize
+    (the driver, the rollout service). It also rebuilds the pre-tokenizer a class prescribes (Qwen2's
+    regex) over the one the file holds. A directory with `tokenizer.json` (every model rollart builds or
+    imports has one) is read as that file says; one without goes through `AutoTokenizer`.
+    """
+    path = Path(model_dir)
+    if (path / "tokenizer.json").exists():
+        return TokenizersBackend.from_pretrained(str(path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

@@ -23,10 +23,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from engine.backends.base import GenerationBackend
 from engine.backends.hf import HFBackend
+from engine.models.tokenizer import load_tokenizer
 from engine.rollout.reward import ScoreFn, judge_payload
 from engine.types import GenRequest, SamplingParams, Trajectory
 from infra.serverless import ServerlessClient
@@ -77,7 +76,7 @@ class LLMJudge:
 
 def make_judge(model_dir: str | Path) -> LLMJudge:
     """Load the judge model and tokenizer from `model_dir` (HF format) onto the CPU HF backend."""
-    return LLMJudge(HFBackend(model_dir), AutoTokenizer.from_pretrained(str(model_dir)))
+    return LLMJudge(HFBackend(model_dir), load_tokenizer(str(model_dir)))
 
 
 def serverless_scorer(client: ServerlessClient) -> ScoreFn:

@@ -13,12 +13,11 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
 from engine.envs.split import problem_id
+from engine.models.tokenizer import load_tokenizer
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.reward import RewardScorer
@@ -65,7 +64,7 @@ class RolloutService:
         reward: RewardScorer | None = None,
         drop_uniform: bool = False,
     ):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = load_tokenizer(tokenizer_dir)
         policy = StalenessPolicy(mode, alpha)
         sync_like = mode in ("sync", "sync+", "one-off")
         self.buffer = SampleBuffer(alpha, evict_on_advance=policy.per_step, check_on_get=policy.per_step)

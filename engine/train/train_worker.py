@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from engine.core.worker import Role, Worker, device
+from engine.models.tokenizer import load_tokenizer
 from engine.train.batch import build_train_batch
 from engine.train.checkpoint import load_checkpoint, save_checkpoint
 from engine.train.trainer import ModelSource, TorchTrainer, TrainerConfig
@@ -60,7 +60,7 @@ class TrainWorker(Worker):
         ref_model = policy() if trainer_cfg.kl_beta > 0 else None
         # on the GPU Ray gave this worker (a GPU pool on a machine with GPUs), else the CPU; fp32 either way
         self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model, device=device())
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         store = self.config.get("store")
         self.publisher = WeightPublisher(open_store(store), self.config["run_id"]) if store else None

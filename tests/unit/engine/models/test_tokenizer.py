@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from engine.models.tokenizer import IM_END, IM_START, PAD, train_tokenizer
+from engine.models.tokenizer import IM_END, IM_START, PAD, load_tokenizer, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +69,48 @@ def test_training_is_deterministic(tok) -> None:
     again = train_tokenizer(vocab_size=1024, seed=0)
     assert again.get_vocab() == tok.get_vocab()
     assert again.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+
+
+def _model_dir(tok, path):
+    """A model directory as `init_model` writes it: tokenizer files plus a qwen2 config.json."""
+    tok.save_pretrained(path)
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return path
+
+
+def test_load_tokenizer_reads_tokenizer_json_as_written(tok, tmp_path) -> None:
+    """AutoTokenizer would follow config.json to Qwen2Tokenizer and replace the trained pre-tokenizer with
+    Qwen's; `load_tokenizer` keeps what the file says, so the model sees the tokens it was trained on."""
+    loaded = load_tokenizer(_model_dir(tok, tmp_path))
+    written = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert json.loads(loaded.backend_tokenizer.to_str())["pre_tokenizer"] == written["pre_tokenizer"]
+    for text in ("What is 12+345? <answer>357</answer>", "S F F F\nF H F H", "naïve café 🤖"):
+        assert loaded.encode(text) == tok.encode(text)
+    assert (loaded.eos_token_id, loaded.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    messages = [{"role": "user", "content": "2+2?"}]
+    assert loaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    )
+
+
+def test_a_process_that_only_tokenizes_does_not_import_torch(tok, tmp_path) -> None:
+    """The rollout service and the driver load tokenizers: AutoTokenizer's registry would import torch."""
+    path = _model_dir(tok, tmp_path)
+    code = (
+        "import sys; from engine.models.tokenizer import load_tokenizer; "
+        f"t = load_tokenizer({str(path)!r}); print(t.encode('hi') != [], 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["True", "False"], out.stderr[-2000:]
+
+
+def test_a_directory_without_tokenizer_json_goes_through_autotokenizer(tok, tmp_path) -> None:
+    bpe = json.loads(tok.backend_tokenizer.to_str())["model"]
+    (tmp_path / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    (tmp_path / "merges.txt").write_text("\n".join(" ".join(m) for m in bpe["merges"]) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    loaded = load_tokenizer(tmp_path)
+    assert type(loaded).__name__ == "Qwen2Tokenizer"  # the class the model type names builds it
+    text = "What is 12+345? <answer>357</answer>"
+    assert loaded.decode(loaded.encode(text)) == text
