@@ -101,7 +101,8 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("mode", "bound"), [("sync", [0, 0, 0]), ("one-off", [0, 1, 1]), ("areal", [0, 1, 1])]
+    ("mode", "bound"),
+    [("sync", [0, 0, 0]), ("sync+", [0, 0, 0]), ("one-off", [0, 1, 1]), ("areal", [0, 1, 1])],
 )
 def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(tmp_path, mode, bound):
     """One generation worker: it dies during step 2; Ray restarts it and it must load the newest published
@@ -111,7 +112,7 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
         tmp_path,
         "rejoin",
         faults={"seed": 1, "gen_kill_after_requests": 12},
-        train={"mode": mode, "alpha": 0 if mode == "sync" else 1},
+        train={"mode": mode, "alpha": 0 if mode.startswith("sync") else 1},
     )
     cfg["resources"]["roles"]["actor_gen"] = {"pool": "bandwidth", "count": 1}
     exp = Experiment(load_config(data=cfg))

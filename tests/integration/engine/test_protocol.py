@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 import ray
-from transformers import AutoTokenizer
 
 from engine.envs.base import Env, EnvStep
 from engine.envs.frozenlake import FrozenLakeEnv
 from engine.evaluate import evaluate
 from engine.models.tiny import init_model
+from engine.models.tokenizer import load_tokenizer
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import TurnLimits
@@ -92,14 +92,16 @@ def build(model_dir: str, mode: str, alpha: int, slow_s: float = 0.0, every: int
     )
 
 
-def record_batches(rollout: RolloutService) -> list[str]:
-    """The ids of the groups each batch hands the trainer, in order."""
+def record_batches(rollout: RolloutService, seeds: list[int] | None = None) -> list[str]:
+    """The ids of the groups each batch hands the trainer, in order (and their problems into `seeds`)."""
     taken: list[str] = []
     get_batch = rollout.get_batch
 
     async def recording(*args, **kwargs):
         groups = await get_batch(*args, **kwargs)
         taken.extend(g.group_id for g in groups)
+        if seeds is not None:
+            seeds.extend(g.seed for g in groups)
         return groups
 
     rollout.get_batch = recording
@@ -155,6 +157,45 @@ async def test_after_update_the_engine_greedy_output_equals_the_trainer(model_di
         assert out.token_ids[: len(want[i])] == want[i]
 
 
+@pytest.mark.parametrize(
+    ("mode", "alpha", "bound"),
+    [
+        ("sync", 0, [0, 0]),
+        ("sync+", 0, [0, 0]),
+        ("one-off", 1, [0, 1]),
+        ("areal", 1, [1, 1]),
+        ("rollart", 1, [1, 1]),
+    ],
+)
+async def test_a_resumed_run_keeps_the_mode_bound_and_goes_on_with_the_problem_sequence(
+    model_dir, tmp_path, mode, alpha, bound
+):
+    """Two steps, a checkpoint (trainer + the scheduler's RNG and group count, as `save_checkpoint` writes
+    it), then everything built again as a new process would and restored as `restore_checkpoint` does:
+    the versions go on, the mode's bound holds from the first resumed step, and the problems go on
+    instead of replaying the first run's."""
+    proto, trainer, _, rollout = build(model_dir, mode, alpha)
+    first: list[int] = []
+    record_batches(rollout, first)
+    await run_steps(proto, rollout, 2)
+    saved = rollout.scheduler_state()
+    path = trainer.save(str(tmp_path), {"step": 2, "scheduler": saved})
+
+    proto, trainer, gen, rollout = build(model_dir, mode, alpha)
+    assert trainer.load(path)["scheduler"] == saved
+    rollout.restore_scheduler(saved)
+    resumed: list[int] = []
+    taken = record_batches(rollout, resumed)
+    metrics = await run_steps(proto, rollout, 2)
+    assert [m["version"] for m in metrics] == [3, 4]
+    assert gen.version() == (4 if alpha == 0 else 3)  # on-policy modes sync at once, the others a step on
+    stale = [m["staleness_max"] for m in metrics]
+    assert all(s <= b for s, b in zip(stale, bound, strict=True)), stale  # as in a run never stopped
+    assert all(m["trained_at_version"] - m["min_start_version"] <= alpha for m in metrics)
+    assert int(taken[0][1:]) >= saved["next_group"]  # group ids go on past everything started before
+    assert not set(resumed) & set(first), (first, resumed)  # a fresh RNG would replay these problems
+
+
 @pytest.mark.parametrize("mode", ["sync", "sync+", "one-off", "areal", "rollart"])
 async def test_final_evaluation_scores_the_last_trained_version(model_dir, mode):
     proto, trainer, _, rollout = build(model_dir, mode, alpha=0 if mode in ("sync", "sync+") else 1)
@@ -170,6 +211,6 @@ async def test_final_evaluation_scores_the_last_trained_version(model_dir, mode)
         "prefill-heavy",
         eval_problems=4,
     )
-    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir))
+    chat = ChatFormat(load_tokenizer(model_dir))
     [res] = (await evaluate([held_out], chat, proto.c.proxy)).values()
     assert res["versions"] == [2] and res["n_eval"] == 4
