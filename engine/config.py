@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.envs.base import unknown_choice
 from engine.envs.registry import ENV_NAMES, SPLIT_ENVS
 from engine.envs.split import MAX_EVAL_FRACTION
+from engine.precision import Precision
 from engine.types import Profile
 
 PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
@@ -52,6 +53,11 @@ class ModelConfig(_Strict):
         description="format-only pretraining of the built model (engine/models/pretrain.py); 0 = random",
     )
     max_context: int = Field(1024, gt=0, description="tokens; a trajectory reaching it is truncated")
+    dtype: Precision = Field(
+        "auto",
+        description="compute precision (engine/precision.py): auto = bfloat16 where a worker got a GPU, "
+        "float32 on a CPU; training keeps float32 weights and optimiser state, bfloat16 autocast",
+    )
 
     @model_validator(mode="after")
     def _import_needs_path(self) -> ModelConfig:

@@ -188,6 +188,7 @@ class Experiment:
             "kl_beta": cfg.train.kl_beta,
             "seed": cfg.train.seed,
             "temperature": cfg.rollout.temperature,
+            "dtype": cfg.model.dtype,
         }
         faults = cfg.faults
         self.clusters["train"] = Cluster(
@@ -208,6 +209,8 @@ class Experiment:
             wait=False,
         )
         backend: dict[str, Any] = {"kind": cfg.backends.generation, "model_dir": self.model_dir}
+        if cfg.backends.generation in ("hf", "vllm"):
+            backend["dtype"] = cfg.model.dtype
         if cfg.backends.generation == "vllm":
             backend.update(
                 max_model_len=cfg.model.max_context, max_batch=cfg.rollout.concurrency, seed=cfg.train.seed

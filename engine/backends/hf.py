@@ -33,6 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from engine.backends.base import GenerationBackend
+from engine.precision import Precision, resolve_dtype
 from engine.types import GenOutput, GenRequest
 
 
@@ -65,12 +66,15 @@ class HFBackend(GenerationBackend):
         model: str | Path | PreTrainedModel,
         device: str = "cpu",
         max_batch: int = 32,
-        dtype: torch.dtype = torch.float32,
+        dtype: Precision = "auto",
         eos_token_ids: Iterable[int] | None = None,
     ) -> None:
+        """`dtype`: the weights' precision (engine/precision.py; auto: bfloat16 on a GPU, float32 on a CPU);
+        published weights are cast to it as they load."""
+        torch_dtype = getattr(torch, resolve_dtype(dtype, str(device)))
         if not isinstance(model, PreTrainedModel):
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
-        self.model = model.to(device=device, dtype=dtype).eval()
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype)
+        self.model = model.to(device=device, dtype=torch_dtype).eval()
         self.device = torch.device(device)
         self.max_batch = max_batch
         self.max_context = int(self.model.config.max_position_embeddings)

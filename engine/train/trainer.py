@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from engine.precision import Precision, resolve_dtype
 from engine.train.batch import TrainBatch, token_logprobs
 from engine.train.grpo import LossAgg, policy_loss
 
@@ -47,6 +48,9 @@ class TrainerConfig:
     # The sampling temperature of the rollout: engines report log_softmax(logits / T) of the sampled token,
     # so the trainer scores tokens the same way or the importance ratio is off by the temperature.
     temperature: float = 1.0
+    # Forward passes under bfloat16 autocast or in float32 (engine/precision.py; auto: by the device).
+    # Weights, gradients and optimiser state stay float32; log-probs and the loss are float32 either way.
+    dtype: Precision = "auto"
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -61,6 +65,7 @@ class TrainerConfig:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (greedy rollouts have no behaviour distribution)")
+        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
         if self.kl_beta < 0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.warmup_steps < 0:
@@ -102,6 +107,7 @@ class TorchTrainer:
         random.seed(self.config.seed)
         torch.manual_seed(self.config.seed)
         self.device = torch.device(device)
+        self.dtype = resolve_dtype(self.config.dtype, self.device.type)
         self.model = _load(model, self.device)
         self.ref_model = _load(ref_model, self.device) if ref_model is not None else None
         if self.ref_model is not None:
@@ -168,11 +174,12 @@ class TorchTrainer:
         ids = micro.input_ids[:, :width].to(self.device)
         attn = micro.attention_mask[:, :width].to(self.device)
         mask = micro.loss_mask[:, :width].to(self.device)
-        logprobs, entropy = self._scored(self.model, ids, attn, mask)
-        ref_logprobs = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logprobs, _ = self._scored(self.ref_model, ids, attn, mask)
+        with self._autocast():
+            logprobs, entropy = self._scored(self.model, ids, attn, mask)
+            ref_logprobs = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logprobs, _ = self._scored(self.ref_model, ids, attn, mask)
         loss, stats = policy_loss(
             logprobs,
             micro.behavior_logprobs[:, :width].to(self.device),
@@ -189,6 +196,9 @@ class TorchTrainer:
             is_cap=self.config.is_cap,
         )
         return loss, stats, float((entropy * mask).sum())
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16")
 
     def _scored(
         self, model: PreTrainedModel, ids: Tensor, attn: Tensor, mask: Tensor

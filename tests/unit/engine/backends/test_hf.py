@@ -238,3 +238,22 @@ async def test_bad_requests_are_rejected_with_a_reason(model: PreTrainedModel) -
         backend.load_weights([("model.norm.weight", torch.zeros(3))], version=1)
     await backend.close()
     assert backend.version == 0
+
+
+async def test_bfloat16_holds_bfloat16_weights_casts_float32_updates_and_generates_like_the_model(
+    model: PreTrainedModel,
+) -> None:
+    """`dtype: bfloat16` (what `auto` picks on a GPU): the trainer publishes float32 weights; the engine
+    keeps its own precision and casts them as it loads."""
+    backend = HFBackend(copy.deepcopy(model), dtype="bfloat16", eos_token_ids=[])
+    assert {p.dtype for p in backend.model.parameters()} == {torch.bfloat16}
+    published = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert {t.dtype for t in published.values()} == {torch.float32}
+    backend.load_weights(published.items(), version=1)
+    for name, tensor in published.items():
+        assert torch.equal(backend.model.get_parameter(name), tensor.to(torch.bfloat16)), name
+    out = await backend.generate(GenRequest("b", prompt(2), greedy(12)))
+    await backend.close()
+    assert out.version == 1
+    assert out.token_ids == reference_greedy(copy.deepcopy(model).to(torch.bfloat16), prompt(2), 12)
+    assert HFBackend(copy.deepcopy(model)).model.dtype == torch.float32  # auto, on a CPU

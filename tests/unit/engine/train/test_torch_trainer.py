@@ -296,3 +296,46 @@ def test_rows_without_a_common_prefix_or_with_nothing_after_it_take_the_plain_fo
     hidden = _decoded(decoder, same, torch.ones_like(same))
     assert calls == [(1, 3), (2, 1)]
     assert torch.allclose(hidden, decoder(input_ids=same).last_hidden_state, atol=1e-5)
+
+
+def test_bfloat16_autocasts_the_forward_and_keeps_float32_weights_and_optimiser_state(
+    tiny_model: Callable[..., PreTrainedModel], make_group: Callable[..., Group]
+) -> None:
+    """`dtype: bfloat16` (what `auto` picks on a GPU), here on the CPU: the decoder's matmuls run in
+    bfloat16, the master weights, gradients and Adam moments stay float32, and the step's loss and update
+    match float32 training to bfloat16's precision."""
+    reference = tiny_model(seed=0)
+    batch = build_train_batch(
+        [_on_policy_group(reference, make_group, [(1.0, PROMPT, [5, 6]), (0.0, PROMPT, [7])])]
+    )
+    seen: dict[str, set[torch.dtype]] = {"float32": set(), "bfloat16": set()}
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        trainer = TorchTrainer(tiny_model(seed=0), TrainerConfig(lr=1e-2, dtype=dtype, clip_to="behaviour"))
+        proj = trainer.model.model.layers[0].mlp.down_proj
+        hook = proj.register_forward_hook(lambda _m, _i, out, d=dtype: seen[d].add(out.dtype))
+        results[dtype] = (trainer.train_step(batch), trainer)
+        hook.remove()
+    assert seen == {"float32": {torch.float32}, "bfloat16": {torch.bfloat16}}
+    fp32, bf16 = (results[d][0] for d in ("float32", "bfloat16"))
+    trainer = results["bfloat16"][1]
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+    assert bf16["loss"] == pytest.approx(fp32["loss"], abs=2e-2)
+    assert bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=5e-2)
+    delta = {
+        d: torch.cat(
+            [
+                (p - q).flatten()
+                for p, q in zip(results[d][1].model.parameters(), reference.parameters(), strict=True)
+            ]
+        )
+        for d in ("float32", "bfloat16")
+    }
+    cos = torch.nn.functional.cosine_similarity(delta["float32"], delta["bfloat16"], dim=0)
+    assert cos > 0.95  # the same update direction
+
+
+def test_auto_on_a_cpu_trains_in_float32(model: PreTrainedModel) -> None:
+    assert TorchTrainer(model, TrainerConfig()).dtype == "float32"
