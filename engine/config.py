@@ -228,10 +228,28 @@ class PoolConfig(_Strict):
         return cores
 
 
+GPU_ROLES = ("actor_train", "actor_gen")  # the roles Ray places on GPUs (engine/core/cluster.py)
+
+
 class RoleConfig(_Strict):
     count: int = Field(1, ge=0)
     pool: str = Field(description="preferred pool name")
     units: int = Field(1, ge=1, description="pool units per worker")
+    gpus: float | None = Field(
+        None,
+        gt=0,
+        description="GPUs each worker asks Ray for where the cluster has GPUs; None = one per unit of its "
+        "gpu-* pool. A fraction colocates: roles whose fractions sum to at most 1 share one GPU "
+        "(e.g. trainer and generation at 0.5 each, in a pool with a unit for each)",
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _whole_above_one(cls, gpus: float | None) -> float | None:
+        if gpus is not None and gpus > 1 and not gpus.is_integer():
+            raise ValueError(f"gpus above 1 must be whole (Ray shares a GPU only below 1); got {gpus}")
+        return gpus
+
     threads: int = Field(
         0,
         ge=0,
@@ -266,6 +284,12 @@ class ResourcesConfig(_Strict):
         for role, rc in self.roles.items():
             if rc.pool not in names:
                 raise ValueError(f"roles.{role}.pool: unknown pool '{rc.pool}'; pools: {', '.join(names)}")
+            kind = next(p.kind for p in self.pools if p.name == rc.pool)
+            if rc.gpus is not None and (role not in GPU_ROLES or not kind.startswith("gpu-")):
+                raise ValueError(
+                    f"roles.{role}.gpus: only {' and '.join(GPU_ROLES)} in a gpu-* pool take GPUs "
+                    f"(pool '{rc.pool}' is {kind})"
+                )
         return self
 
 

@@ -42,11 +42,14 @@ class WorkerHandle:
 GPU_KINDS = ("gpu-compute", "gpu-bandwidth")
 
 
-def gpus_for(kind: str, units: int, cluster_gpus: float) -> float:
-    """The GPUs Ray gives a worker holding `units` of a pool of `kind`: one per unit of a GPU pool when
-    the Ray cluster has GPUs; none otherwise — on a machine without GPUs the GPU pools are placement
-    labels (optionally CPU cores). A worker given no GPU hides them from itself (`Worker.__init__`)."""
-    return float(units) if kind in GPU_KINDS and cluster_gpus else 0.0
+def gpus_for(kind: str, units: int, cluster_gpus: float, share: float | None = None) -> float:
+    """The GPUs Ray gives a worker holding `units` of a pool of `kind`: when the Ray cluster has GPUs,
+    `share` (the role's `gpus`; a fraction colocates roles on one GPU) or one per unit of a GPU pool;
+    none otherwise — on a machine without GPUs the GPU pools are placement labels (optionally CPU cores).
+    A worker given no GPU hides them from itself (`Worker.__init__`)."""
+    if kind not in GPU_KINDS or not cluster_gpus:
+        return 0.0
+    return float(units) if share is None else share
 
 
 class Cluster:
@@ -109,7 +112,7 @@ class Cluster:
                     f"needs {b.units}: start Ray with resources=rm.ray_resources"
                 )
         have_gpus = ray.cluster_resources().get("GPU", 0)
-        gpus = {b.id: gpus_for(self.rm.kind(b.pool), b.units, have_gpus) for _, b in bound}
+        gpus = {b.id: gpus_for(self.rm.kind(b.pool), b.units, have_gpus, self.role.gpus) for _, b in bound}
         short = [b for _, b in bound if gpus[b.id] > have_gpus]
         if short:
             for _, other in bound:

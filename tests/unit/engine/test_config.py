@@ -147,3 +147,20 @@ def test_pool_cores_are_distinct_core_ids_named_in_the_error():
     for bad in ("[0, 0]", "[]", "[-1]"):
         with pytest.raises(ConfigError, match=r"resources\.pools\[0\]\.cores"):
             load_config(FROZENLAKE, [f"resources.pools=[{{name: compute, kind: gpu-compute, cores: {bad}}}]"])
+
+
+def test_role_gpus_colocate_in_gpu_pools_and_are_refused_where_nothing_would_use_them():
+    cfg = load_config(
+        FROZENLAKE, ["resources.roles.actor_train.gpus=0.5", "resources.roles.actor_gen.gpus=0.5"]
+    )
+    assert (cfg.resources.roles["actor_train"].gpus, cfg.resources.roles["actor_gen"].gpus) == (0.5, 0.5)
+    assert (
+        load_config(FROZENLAKE, ["resources.roles.actor_train.gpus=2"]).resources.roles["actor_train"].gpus
+        == 2
+    )
+    with pytest.raises(ConfigError, match=r"roles\.actor_train\.gpus.*whole"):
+        load_config(FROZENLAKE, ["resources.roles.actor_train.gpus=1.5"])
+    with pytest.raises(ConfigError, match=r"roles\.reward\.gpus: only actor_train and actor_gen"):
+        load_config(FROZENLAKE, ["resources.roles.reward.gpus=0.5"])
+    with pytest.raises(ConfigError, match=r"roles\.actor_gen\.gpus: .*pool 'cpu' is cpu"):
+        load_config(FROZENLAKE, ["resources.roles.actor_gen.pool=cpu", "resources.roles.actor_gen.gpus=0.5"])

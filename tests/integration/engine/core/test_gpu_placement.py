@@ -16,6 +16,7 @@ POOLS = [
     PoolConfig(name="bandwidth", kind="gpu-bandwidth", capacity=1),
     PoolConfig(name="cpu", kind="cpu", capacity=2),
     PoolConfig(name="huge", kind="gpu-compute", capacity=4),  # more GPU units than the cluster's GPUs
+    PoolConfig(name="shared", kind="gpu-compute", capacity=2),  # two roles colocated on one GPU
 ]
 
 
@@ -48,6 +49,9 @@ def test_gpu_pool_workers_get_their_own_gpus_and_cpu_workers_none(rm):
             0,
         )
         assert gpus_for("gpu-compute", 2, 0) == 0  # no GPUs in the cluster: GPU pools are labels
+        assert (
+            gpus_for("gpu-compute", 1, 3, share=0.5) == 0.5 and gpus_for("gpu-compute", 1, 0, share=0.5) == 0
+        )
     finally:
         for c in (train, gen, reward):
             c.shutdown()
@@ -57,3 +61,17 @@ def test_a_worker_needing_more_gpus_than_the_cluster_has_is_refused_naming_the_p
     with pytest.raises(RuntimeError, match="pool huge: a worker needs 4 GPUs, the Ray cluster has 3"):
         Cluster("train", Probe, rm, RoleConfig(count=1, pool="huge", units=4))
     assert all(b.state == "released" for b in rm.store.bindings(rm.run) if b.pool == "huge")
+
+
+def test_fractional_gpus_colocate_two_roles_on_one_gpu(rm):
+    """`roles.*.gpus: 0.5` for the trainer and the generation workers: Ray packs both onto one GPU."""
+    train = Cluster("train", Probe, rm, RoleConfig(count=1, pool="shared", gpus=0.5))
+    gen = Cluster("gen", Probe, rm, RoleConfig(count=1, pool="shared", gpus=0.5))
+    try:
+        (t,), (g,) = ([ray.get(w.actor.ping.remote()) for w in c.workers] for c in (train, gen))
+        assert len(t["gpus"]) == 1 and t["gpus"] == g["gpus"]  # the same GPU
+        assert t["cuda_visible_devices"] == g["cuda_visible_devices"] == t["gpus"][0]
+        assert ray.available_resources().get("GPU", 0) == 2  # one of the three GPUs taken, by both
+    finally:
+        for c in (train, gen):
+            c.shutdown()
