@@ -1,12 +1,14 @@
 """End to end on local Ray: vLLM worker actor, torch trainer actor, Mooncake weight store, rollart mode."""
 
 import asyncio
+from pathlib import Path
 
 import ray
 
 from engine.config import load_config
 from engine.experiment import Experiment
-from tests.integration.flows.test_train_flow import ROOT
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_five_async_iterations_advance_versions_within_the_bound(tmp_path):

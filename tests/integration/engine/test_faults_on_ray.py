@@ -12,38 +12,7 @@ import ray
 from engine.config import load_config
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-
-G = 2
-
-
-def tiny_config(tmp_path, name: str, **sections) -> dict:
-    """A run that takes seconds on a CPU: the tiny model on the HF backend, a 2-turn synthetic task."""
-    cfg = {
-        "name": name,
-        "run_root": str(tmp_path / "runs"),
-        "model": {"init_size": "tiny", "max_context": 256},
-        "tasks": [
-            {"env": "synthetic", "env_args": {"turns": 2}, "group_size": G, "max_turns": 3, "max_tokens": 4}
-        ],
-        "rollout": {"concurrency": 8, "env_timeout_s": 1.0, "reward_timeout_s": 0.5, "reward_retries": 2},
-        "train": {"steps": 3, "batch_groups": 2, "micro_batch": 8, "checkpoint_every": 1, "mode": "rollart"},
-        "resources": {
-            "pools": [
-                {"name": "compute", "kind": "gpu-compute", "capacity": 1},
-                {"name": "bandwidth", "kind": "gpu-bandwidth", "capacity": 2},
-                {"name": "cpu", "kind": "cpu", "capacity": 2},
-            ],
-            "roles": {
-                "actor_train": {"pool": "compute"},
-                "actor_gen": {"pool": "bandwidth", "count": 2},
-                "reward": {"pool": "cpu"},
-            },
-        },
-        "backends": {"generation": "hf", "weight_store": "ray"},
-    }
-    for section, values in sections.items():
-        cfg[section] = {**cfg.get(section, {}), **values}
-    return cfg
+from tests.integration.runs import G, tiny_config
 
 
 def start(exp: Experiment) -> None:

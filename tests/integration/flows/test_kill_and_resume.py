@@ -20,7 +20,7 @@ import yaml
 
 from engine.train.fingerprint import saved_optimizer_sha256
 from infra.metadata import MetadataStore
-from tests.integration.engine.test_faults_on_ray import tiny_config
+from tests.integration.runs import tiny_config
 
 STEPS = 5
 

@@ -8,8 +8,7 @@ import asyncio
 import pytest
 
 from infra.metadata import MetadataStore
-from tests.integration.engine.test_faults_on_ray import tiny_config
-from tests.integration.flows.test_train_flow import prefect_home  # noqa: F401 - a fixture
+from tests.integration.runs import tiny_config
 
 
 def config(tmp_path, steps: int, faults: dict) -> dict:
@@ -19,7 +18,7 @@ def config(tmp_path, steps: int, faults: dict) -> dict:
 
 
 async def test_a_failed_step_is_retried_and_a_repeated_failure_stops_the_run_keeping_its_checkpoint(
-    prefect_home,  # noqa: F811
+    prefect_home,
     tmp_path,
 ):
     from prefect.client.orchestration import get_client

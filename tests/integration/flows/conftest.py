@@ -1,0 +1,34 @@
+"""Fixtures shared by the flow tests."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect")
+    env = {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_MEMO_STORE_PATH": str(home / "memo"),
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "storage"),
+        # a new PREFECT_HOME migrates its database before the temporary server answers: on a loaded 2-core
+        # machine that overran Prefect's 20 s start-up timeout once ("Timed out while attempting to connect
+        # to ephemeral Prefect API server"), as it had for the notebook test
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    # Prefect reads its settings from the environment once, when first imported: another test module may
+    # have imported it already, so the settings are set here too (the server subprocess reads the env)
+    import prefect.settings
+
+    updates = {getattr(prefect.settings, name): value for name, value in env.items()}
+    with prefect.settings.temporary_settings(updates=updates):
+        yield home
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
