@@ -20,6 +20,7 @@ from engine.precision import Precision
 from engine.types import Profile
 
 PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
+GPU_KINDS = ("gpu-compute", "gpu-bandwidth")  # pools whose workers Ray gives GPUs, where it has them
 Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
 
 
@@ -285,7 +286,7 @@ class ResourcesConfig(_Strict):
             if rc.pool not in names:
                 raise ValueError(f"roles.{role}.pool: unknown pool '{rc.pool}'; pools: {', '.join(names)}")
             kind = next(p.kind for p in self.pools if p.name == rc.pool)
-            if rc.gpus is not None and (role not in GPU_ROLES or not kind.startswith("gpu-")):
+            if rc.gpus is not None and (role not in GPU_ROLES or kind not in GPU_KINDS):
                 raise ValueError(
                     f"roles.{role}.gpus: only {' and '.join(GPU_ROLES)} in a gpu-* pool take GPUs "
                     f"(pool '{rc.pool}' is {kind})"

@@ -8,10 +8,10 @@ in the resolved dtype and cast what the trainer publishes as they load it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 Precision = Literal["auto", "float32", "bfloat16"]
-PRECISIONS: tuple[str, ...] = ("auto", "float32", "bfloat16")
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def resolve_dtype(setting: str, device: str) -> Literal["float32", "bfloat16"]:

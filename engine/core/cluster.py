@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.config import RoleConfig
+from engine.config import GPU_KINDS, RoleConfig
 from engine.core.decorators import DispatchSpec, dispatch_spec
 from engine.core.resources import ResourceManager, ray_resource
 from engine.core.routing import pick
@@ -37,9 +37,6 @@ class WorkerHandle:
     capacity: int = 1
     outstanding: int = 0
     calls: int = 0  # calls routed here so far: ties go to the least used (spreads load)
-
-
-GPU_KINDS = ("gpu-compute", "gpu-bandwidth")
 
 
 def gpus_for(kind: str, units: int, cluster_gpus: float, share: float | None = None) -> float:

@@ -58,7 +58,8 @@ class TrainWorker(Worker):
 
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
         ref_model = policy() if trainer_cfg.kl_beta > 0 else None
-        # on the GPU Ray gave this worker (a GPU pool on a machine with GPUs), else the CPU; fp32 either way
+        # on the GPU Ray gave this worker (a GPU pool on a machine with GPUs), else the CPU; model.dtype auto
+        # then computes in bfloat16 on the GPU, float32 on the CPU (engine/precision.py)
         self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model, device=device())
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
