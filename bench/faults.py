@@ -183,14 +183,14 @@ async def _measure(s: Settings) -> list[dict[str, Any]]:
 
     from engine.experiment import WORKER_ENV
     from engine.models.tiny import init_model
+    from infra.local_ray import init_local_ray
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="rollart-bench-faults-") as tmp:
         model_dir = str(init_model("tiny", Path(tmp) / "model", seed=s.seed))
-        ray.init(
+        init_local_ray(
             num_cpus=os.cpu_count(),
             include_dashboard=False,
-            _node_ip_address="127.0.0.1",
             runtime_env={"env_vars": WORKER_ENV},
         )
         try:

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.models.tiny import init_model
     from engine.rollout.gen_worker import GenerationWorker
     from engine.rollout.proxy import GenSlot, LLMProxy
+    from infra.local_ray import init_local_ray
 
     model = str(init_model(args.size, Path(tempfile.mkdtemp(prefix="rollart-bench-")) / "model"))
     engine_kw = {
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     shape = (args.requests, args.prompt_tokens, args.max_tokens)
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+    init_local_ray(num_cpus=2, include_dashboard=False)
     try:
         worker = (
             ray.remote(GenerationWorker)

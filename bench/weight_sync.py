@@ -224,14 +224,14 @@ def _measure_all(s: Settings) -> list[dict[str, Any]]:
     import ray
 
     from engine.experiment import WORKER_ENV
+    from infra.local_ray import init_local_ray
     from infra.weightstore.mooncake_master import MooncakeMaster
 
     os.environ.update(WORKER_ENV)
     biggest = max(4 * sum(math.prod(shape) for shape in layer_shapes(mb * MiB)) for mb in s.model_mb)
-    ray.init(
+    init_local_ray(
         num_cpus=2,
         include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         runtime_env={"env_vars": WORKER_ENV},
         object_store_memory=max(4 * biggest, 512 * MiB),
     )

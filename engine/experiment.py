@@ -30,11 +30,12 @@ from engine.rollout.reward import RewardScorer, env_return
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import RolloutService, default_env_factory
 from engine.train.train_worker import TrainWorker
+from infra.local_ray import init_local_ray
 from infra.metadata import MetadataStore
 
 GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
-# The run's processes: Mooncake binds loopback only, no usage reporting, and Mooncake's glog and vLLM's
-# INFO lines (dozens per worker) stay out of the user's terminal; warnings and errors still show.
+# The run's processes: Mooncake advertises its loopback address, no usage reporting, and Mooncake's glog
+# and vLLM's INFO lines (dozens per worker) stay out of the user's terminal; warnings and errors show.
 WORKER_ENV = {
     "MC_TCP_BIND_ADDRESS": "127.0.0.1",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -104,30 +105,31 @@ class Experiment:
 
     # -- provisioning ------------------------------------------------------------------------------
     def provision(self) -> dict[str, Any]:
-        """Start (or join) Ray with the pools as custom resources; loopback only. The workers' output goes
-        to Ray's log files (`worker_logs`), not to this process: the run's own lines stay readable."""
+        """Start Ray on loopback (`infra/local_ray.py`) with the pools as custom resources, or join the
+        cluster at `RAY_ADDRESS`. The workers' output goes to Ray's log files (`worker_logs`), not to
+        this process: the run's own lines stay readable."""
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
             if address:
                 self._ray = ray.init(address=address, namespace=self.namespace, log_to_driver=False)
             else:
-                self._ray = ray.init(
+                self._ray = init_local_ray(
                     log_to_driver=False,
                     num_cpus=os.cpu_count(),
                     resources=self.rm.ray_resources,
                     include_dashboard=False,
                     namespace=self.namespace,
-                    _node_ip_address="127.0.0.1",
                     runtime_env={"env_vars": WORKER_ENV},
                 )
                 # A fresh cluster: no worker of this run is alive, so bindings still marked active were
                 # left by a driver killed before its teardown (resume after a crash); free their pools.
                 for stale in self.store.bindings(self.run_id, state="active"):
                     self.store.set_binding(stale.id, state="dead")
+        logs = Path(self._ray.address_info["session_dir"]) / "logs" if self._ray is not None else None
         return {
             "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
             "ray_resources": ray.cluster_resources(),
-            "worker_logs": str(Path(self._ray.address_info["session_dir"]) / "logs") if self._ray else None,
+            "worker_logs": str(logs) if logs else None,
         }
 
     def prepare_model(self) -> str:

@@ -1,0 +1,29 @@
+"""A Ray cluster on this machine whose every server listens on loopback only.
+
+Ray 2.60 binds its servers (GCS, raylet, each worker's gRPC server, the dashboard and runtime-env agents,
+the metrics exporters) to the node's address. It picks that address itself, and turns a loopback one
+into the machine's routable address (`ray._private.services.resolve_ip_for_localhost`, so
+`_node_ip_address="127.0.0.1"` changes nothing), unless its multi-machine support is off: then the node
+address is 127.0.0.1. That switch is a module constant read on each call, so it is turned off only while
+the cluster starts; a cluster on several machines (`RAY_ADDRESS`) never goes through here.
+`tests/integration/engine/test_experiment_on_ray.py` lists what a run listens on and fails on a change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray._private import ray_constants
+
+
+def init_local_ray(**kwargs: Any) -> Any:
+    """`ray.init(**kwargs)` starting a new single-machine cluster on 127.0.0.1; returns its context."""
+    if "address" in kwargs or "_node_ip_address" in kwargs:
+        raise ValueError("init_local_ray starts a new cluster on loopback: no address or node address")
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        return ray.init(address="local", **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
