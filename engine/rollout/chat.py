@@ -22,9 +22,12 @@ inputs it never sees at inference.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, str]
 

@@ -10,6 +10,9 @@ exits on its N-th request, in-flight requests and all. Ray restarts the actor (t
 `max_restarts`); the restarted incarnation does not die again, and the LLMProxy retries the lost requests
 on another worker. A restarted worker loads the newest published version in its constructor, before it
 serves (Ray queues the calls sent to it meanwhile), so it never answers with the initial weights.
+
+torch and the engine are imported in the actor's process when it starts, not by the driver that only
+names the class.
 """
 
 from __future__ import annotations
@@ -18,17 +21,17 @@ import asyncio
 import os
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from engine.backends import make_backend
-from engine.backends.base import GenerationBackend
 from engine.core.worker import Role, Worker, device
 from engine.types import GenOutput, GenRequest
-from engine.weights.transfer import WeightPrefetcher
 from infra.weightstore.factory import open_store
+
+if TYPE_CHECKING:
+    from engine.backends.base import GenerationBackend
+    from engine.weights.transfer import WeightPrefetcher
 
 
 class GenerationWorker(Worker):
@@ -39,6 +42,11 @@ class GenerationWorker(Worker):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        import torch
+
+        from engine.backends import make_backend
+        from engine.weights.transfer import WeightPrefetcher
+
         if self.config.get("threads"):  # before the engine is built: vLLM's CPU worker pins it afterwards
             torch.set_num_threads(int(self.config["threads"]))
         spec = dict(self.config["backend"])

@@ -17,7 +17,6 @@ from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
 from engine.envs.split import problem_id
-from engine.models.tokenizer import load_tokenizer
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.reward import RewardScorer
@@ -64,6 +63,8 @@ class RolloutService:
         reward: RewardScorer | None = None,
         drop_uniform: bool = False,
     ):
+        from engine.models.tokenizer import load_tokenizer  # transformers: in the actor, not the driver
+
         tokenizer = load_tokenizer(tokenizer_dir)
         policy = StalenessPolicy(mode, alpha)
         sync_like = mode in ("sync", "sync+", "one-off")

@@ -51,13 +51,16 @@ def listeners(root: int) -> set[Listener]:
 
 @contextmanager
 def sampled_listeners(root: int, every_s: float = 0.5) -> Iterator[set[Listener]]:
-    """Every listener of `root`'s tree seen while the block runs (a sampler thread adds to the set)."""
+    """Every listener of `root`'s tree opened while the block runs (a sampler thread adds to the set).
+    Sockets already listening when it starts are left out: in a test process, an earlier test's Ray
+    driver may have left its own behind."""
+    before = {(s.host, s.port, s.pid) for s in listeners(root)}
     seen: set[Listener] = set()
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            seen.update(listeners(root))
+            seen.update(s for s in listeners(root) if (s.host, s.port, s.pid) not in before)
             done.wait(every_s)
 
     thread = threading.Thread(target=sample, name="listener-sampler", daemon=True)
@@ -67,4 +70,3 @@ def sampled_listeners(root: int, every_s: float = 0.5) -> Iterator[set[Listener]
     finally:
         done.set()
         thread.join()
-        seen.update(listeners(root))
