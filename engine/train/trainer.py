@@ -165,7 +165,7 @@ class TorchTrainer:
             "tokens": tokens,
             "action_tokens": action_tokens,
             "tokens_per_s": tokens / step_s,
-            "step_s": step_s,
+            "compute_s": step_s,  # the optimiser step alone; the metrics' step_s is the whole iteration
             "version": float(self.version),
         }
 
