@@ -41,10 +41,15 @@ def run(tmp_path_factory):
             "backends.weight_store=mooncake",
         ],
     )
-    pinned = {"MC_MIN_RPC_PORT": str(MOONCAKE_PORTS.start), "MC_MAX_RPC_PORT": str(MOONCAKE_PORTS.stop - 1)}
-    old = {k: os.environ.get(k) for k in pinned}
-    os.environ.update(pinned)  # inherited by the raylet, so by every worker it starts
     exp = Experiment(cfg)
+    with pytest.MonkeyPatch.context() as env:
+        # inherited by the raylet, so by every worker it starts
+        env.setenv("MC_MIN_RPC_PORT", str(MOONCAKE_PORTS.start))
+        env.setenv("MC_MAX_RPC_PORT", str(MOONCAKE_PORTS.stop - 1))
+        yield from _sampled_run(exp)
+
+
+def _sampled_run(exp: Experiment):
     try:
         with sampled_listeners(os.getpid()) as seen:
             exp.provision()
@@ -69,8 +74,6 @@ def run(tmp_path_factory):
     finally:
         exp.teardown()
         ray.shutdown()
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.update({k: v})
 
 
 def test_five_async_iterations_advance_versions_within_the_bound(run):
