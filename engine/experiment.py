@@ -9,6 +9,7 @@ their state from the checkpoint.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,8 @@ class Experiment:
 
     # -- teardown ----------------------------------------------------------------------------------
     def teardown(self) -> None:
+        """Stop this run's actors and weight store. Returns once its named actors are gone, so the same
+        experiment can start again at once on a Ray that stays up (a notebook's, a cluster's, a test's)."""
         if self.rollout is not None:
             ray.get(self.rollout.stop.remote())
             ray.kill(self.rollout)
@@ -303,4 +306,32 @@ class Experiment:
         if self._master is not None:
             self._master.stop()
             self._master = None
+        if self.store_spec is not None and self.store_spec["kind"] == "ray":
+            # the key table is a detached actor: it outlives the driver and would keep every published
+            # version in the object store of a cluster that stays up
+            from infra.weightstore.ray_store import RayObjectStore
+
+            RayObjectStore(self.store_spec["name"], self.namespace).destroy()
+        if self.rollout is not None or self.proxy is not None:
+            _wait_gone(self.namespace, ["rollout", "llm-proxy"])
+        self.rollout = self.proxy = None
         self.rm.release_all()
+
+    def release_ray(self) -> None:
+        """Shut down the Ray this run started, or leave the cluster it joined; a Ray that was up before
+        the run stays up for whoever started it."""
+        if self._ray is not None:
+            ray.shutdown()
+            self._ray = None
+
+
+def _wait_gone(namespace: str, names: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the named actors are dead (Ray releases a killed actor's name asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break
+            time.sleep(0.05)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import ray
 from prefect import flow
 
 from engine.config import load_config
@@ -43,6 +42,7 @@ async def evaluate_run(
         (exp.run_dir / f"eval-step{step}.json").write_text(json.dumps(out, indent=2))
         return out
     finally:
-        exp.teardown()
-        if ray.is_initialized():
-            ray.shutdown()
+        try:
+            exp.teardown()
+        finally:
+            exp.release_ray()

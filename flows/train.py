@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import ray
 from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
@@ -143,9 +142,10 @@ async def train(
         say(f"run directory: {exp.run_dir}")
         return summary
     finally:
-        exp.teardown()
-        if ray.is_initialized():
-            ray.shutdown()
+        try:
+            exp.teardown()
+        finally:
+            exp.release_ray()
 
 
 def _summary(

@@ -1,5 +1,11 @@
 """A run small enough for a CPU test, shared by the tests that start one on local Ray."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engine.config import load_config
+from engine.experiment import Experiment
+
 G = 2  # group size
 
 
@@ -31,3 +37,16 @@ def tiny_config(tmp_path, name: str, **sections) -> dict:
     for section, values in sections.items():
         cfg[section] = {**cfg.get(section, {}), **values}
     return cfg
+
+
+@contextmanager
+def ray_for(cfg: dict) -> Iterator[None]:
+    """The local Ray a run of `cfg` starts (its pools as resources, the run's worker environment), kept up
+    for several runs: each run's `Experiment` finds it up, uses it and leaves it up (`release_ray`)."""
+    exp = Experiment(load_config(data=cfg))
+    exp.provision()
+    try:
+        yield
+    finally:
+        exp.release_ray()
+        exp.store.close()

@@ -12,7 +12,14 @@ import ray
 from engine.config import load_config
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-from tests.integration.runs import G, tiny_config
+from tests.integration.runs import G, ray_for, tiny_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(tmp_path_factory):
+    """One Ray for the module's runs (the same pools): each run starts and stops its actors on it."""
+    with ray_for(tiny_config(tmp_path_factory.mktemp("ray"), "ray")):
+        yield
 
 
 def start(exp: Experiment) -> None:
@@ -66,7 +73,6 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
         assert unended(c) == 0 and c["trajectories_started"] > 0  # nothing lost
     finally:
         exp.teardown()
-        ray.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -79,7 +85,7 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
     guarantee holds through the kill (on-policy stays on-policy; one-off and areal stay within 1)."""
     cfg = tiny_config(
         tmp_path,
-        "rejoin",
+        f"rejoin-{mode.replace('+', 'plus')}",
         faults={"seed": 1, "gen_kill_after_requests": 12},
         train={"mode": mode, "alpha": 0 if mode.startswith("sync") else 1},
     )
@@ -97,4 +103,3 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
         assert all(s <= b for s, b in zip(stale, bound, strict=True)), stale  # the mode's bound, kill or not
     finally:
         exp.teardown()
-        ray.shutdown()

@@ -32,3 +32,30 @@ def prefect_home(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real `prefect server start` on 127.0.0.1 (its scheduler and automations running), shared by the
+    tests that run `rollart` in subprocesses: the environment for them, PREFECT_API_URL set.
+
+    A run that comes due while another holds its deployment's slot is put back by the server for 30 s,
+    and a runner polls every 10 s (Prefect's defaults): up to 40 s idle between two runs of one deployment.
+    The order of the runs is under test, not those intervals, so both are shortened here."""
+    from flows.deploy import start_server
+    from tests.services import free_port
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS="5",
+        PREFECT_RUNNER_POLL_FREQUENCY="2",
+    )
+    url, proc = start_server(free_port(), home / "server.log", env=env)
+    try:
+        yield {**env, "PREFECT_API_URL": url}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

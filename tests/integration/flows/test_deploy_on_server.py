@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,21 +23,6 @@ from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def prefect_server(tmp_path):
-    from flows.deploy import start_server
-
-    home = tmp_path / "prefect"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    url, proc = start_server(free_port(), home / "server.log", env=env)
-    try:
-        yield {**env, "PREFECT_API_URL": url}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def experiment(tmp_path: Path) -> dict:
@@ -72,19 +58,29 @@ def _emit_crash(env: dict, experiment: str, failures: str) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 
 
+def _deployed(api_url: str) -> bool:
+    """Whether the server at `api_url` answers and has the deployment (one HTTP call: polling with the
+    `prefect` CLI cost a process start, seconds of CPU, per poll, taken from the deploy process starting)."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/deployments/name/rollart-train/sched", timeout=5) as r:
+            return r.status == 200
+    except OSError:  # not listening yet, or 404 (HTTPError is an OSError)
+        return False
+
+
 def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "prefect"), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.timeout(900)  # three training runs in a row (~4 minutes here) on a possibly slower machine
-async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_server, tmp_path):
+async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, LogFilter
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from infra.metadata import MetadataStore
 
-    env = prefect_server
+    env = prefect_api
     path = tmp_path / "sched.yaml"
     cfg = experiment(tmp_path)
     path.write_text(yaml.safe_dump(cfg))
@@ -99,7 +95,7 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
         with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
             async with get_client() as client:
                 for _ in range(240):  # the deploy process imports torch and applies the deployment
-                    if _prefect(env, "deployment", "inspect", "rollart-train/sched").returncode == 0:
+                    if _deployed(env["PREFECT_API_URL"]):
                         break
                     assert deploy.poll() is None, (tmp_path / "deploy.log").read_text()
                     await asyncio.sleep(1)
@@ -161,6 +157,9 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
                 runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [dep.id]}))
                 made = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
                 assert len(made) == 1 and made[0].parameters["resume"] is True
+                # the server is shared with other tests: its scheduler stops making runs of this one
+                await client.delete_deployment(dep.id)
+                await client.delete_automation(automation.id)
     finally:
         if deploy.poll() is None:
             deploy.terminate()
@@ -207,7 +206,7 @@ def test_deploy_without_an_api_url_starts_a_server_says_so_and_stops_it_on_sigte
     api = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
     try:
         for _ in range(240):  # the server starts, then the deployment is applied
-            if _prefect(api, "deployment", "inspect", "rollart-train/sched").returncode == 0:
+            if _deployed(api["PREFECT_API_URL"]):
                 break
             assert deploy.poll() is None, out.read_text()
             time.sleep(1)

@@ -25,14 +25,9 @@ from tests.integration.runs import tiny_config
 STEPS = 5
 
 
-def rollart(args: list[str], home: Path, log: Path) -> subprocess.Popen:
+def rollart(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """`rollart ARGS` in its own session (so the test can kill it and everything it started)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_ADDRESS"))}
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",  # a loaded 2-core machine starts it slowly
-    )
+    env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
     exe = Path(sys.executable).parent / "rollart"
     with open(log, "w") as out:
         return subprocess.Popen(
@@ -45,7 +40,7 @@ def session_alive(sid: int) -> list[str]:
     return [line for line in out.splitlines() if int(line.split()[0]) == sid]
 
 
-def test_kill_after_a_checkpoint_then_resume_continues_exactly(tmp_path):
+def test_kill_after_a_checkpoint_then_resume_continues_exactly(prefect_api, tmp_path):
     cfg = tiny_config(tmp_path, "killed", train={"steps": STEPS, "checkpoint_every": 2})
     cfg["resources"]["roles"]["actor_gen"]["count"] = 1
     cfg["backends"]["training"] = "megatron"
@@ -54,7 +49,7 @@ def test_kill_after_a_checkpoint_then_resume_continues_exactly(tmp_path):
     run_dir = tmp_path / "runs" / "killed"
     db = run_dir / "metadata.db"
 
-    first = rollart(["train", str(path)], tmp_path / "prefect", tmp_path / "first.log")
+    first = rollart(["train", str(path)], prefect_api, tmp_path / "first.log")
     deadline = time.monotonic() + 400
     store = None
     while True:  # kill once step 3 is recorded: the checkpoint of step 2 exists, step 3 is past it
@@ -76,7 +71,7 @@ def test_kill_after_a_checkpoint_then_resume_continues_exactly(tmp_path):
     rows = [s["step"] for s in store.steps("killed")]
     assert ck["step"] == 2 and rows[:3] == [1, 2, 3] and len(rows) <= 4
 
-    second = rollart(["train", str(path), "--resume"], tmp_path / "prefect", tmp_path / "second.log")
+    second = rollart(["train", str(path), "--resume"], prefect_api, tmp_path / "second.log")
     assert second.wait(timeout=400) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     resumed = summary["resumed"]

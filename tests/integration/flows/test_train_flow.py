@@ -8,8 +8,10 @@ from pathlib import Path
 
 import boto3
 import pytest
+import ray
 import yaml
 
+from tests.integration.runs import ray_for
 from tests.services import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,6 +36,13 @@ def s3_endpoint():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(tmp_path_factory):
+    """One Ray for the module's runs, as a notebook's `ray.init` would be: each run leaves it up."""
+    with ray_for(config(tmp_path_factory.mktemp("ray"), "http://127.0.0.1:1", steps=1)):
+        yield
 
 
 def config(tmp_path, s3: str, steps: int) -> dict:
@@ -71,6 +80,7 @@ async def test_two_iterations_checkpoint_to_s3_with_retries_then_resume(
 
     monkeypatch.setattr(S3Dirs, "upload_dir", flaky_upload)
     summary = await train(config(tmp_path, s3_endpoint, steps=2))
+    assert ray.is_initialized()  # the run found Ray up (the module's): it left it up for its owner
     # Prefect's machinery per iteration (not the work): bounded in seconds, so at real step lengths it is a
     # small fraction (~2% of the quickstart's ~5 s steps); ~0.1 s on a quiet machine, 0.12 s seen under load
     assert summary["steps_this_run"] == 2 and summary["flow_overhead_s_mean"] < 0.5

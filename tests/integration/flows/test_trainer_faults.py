@@ -8,7 +8,14 @@ import asyncio
 import pytest
 
 from infra.metadata import MetadataStore
-from tests.integration.runs import tiny_config
+from tests.integration.runs import ray_for, tiny_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(tmp_path_factory):
+    """One Ray for the module's runs: each run leaves it up."""
+    with ray_for(config(tmp_path_factory.mktemp("ray"), 1, {})):
+        yield
 
 
 def config(tmp_path, steps: int, faults: dict) -> dict:
