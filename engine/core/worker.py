@@ -38,7 +38,11 @@ def hide_gpus_unless_given() -> None:
 
 
 def device() -> str:
-    """Where this process's torch work runs: "cuda" when it was given a GPU, else "cpu"."""
+    """Where this process's torch work runs: "cuda" when it was given a GPU, else "cpu". A worker whose
+    GPUs are hidden (given none) answers without importing torch: `ping` asks every worker, and a role
+    that never uses torch would otherwise pay seconds of CPU for the import."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

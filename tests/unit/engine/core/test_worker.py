@@ -1,10 +1,15 @@
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from engine.core.worker import Role, Worker, pin
+
+ROOT = Path(__file__).resolve().parents[4]
 
 
 class Probe(Worker):
@@ -50,3 +55,19 @@ def test_cores_not_on_this_machine_are_refused_naming_the_pool():
     n = os.cpu_count() or 1
     with pytest.raises(ValueError, match=rf"resources.pools: pool 'gen' cores \[{n}\] are not all"):
         pin([n], "gen")
+
+
+def _device_in_child(env: dict[str, str]) -> list[str]:
+    code = "import sys; from engine.core.worker import device; print(device(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_device_of_a_worker_with_hidden_gpus_is_the_cpu_without_importing_torch():
+    """A worker given no GPU has them hidden (CUDA_VISIBLE_DEVICES=""): `device()` answers from that;
+    otherwise it asks torch, which it imports."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    assert _device_in_child({**env, "CUDA_VISIBLE_DEVICES": ""}) == ["cpu", "False"]
+    where, imported = _device_in_child(env)
+    assert where in ("cpu", "cuda") and imported == "True"
