@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -107,17 +108,24 @@ def start_server(
         )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Prefect server exited ({proc.returncode}); see {log}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return url, proc
-        except OSError:
-            time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError(f"the Prefect server did not answer at {url} within {timeout_s:.0f} s; see {log}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the Prefect server exited ({proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return url, proc
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the Prefect server did not answer at {url} within {timeout_s:.0f} s; see {log}")
+    except BaseException:  # not up in time, or interrupted (SIGTERM, Ctrl-C): nothing left running
+        proc.terminate()
+        raise
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def serve_deployment(
@@ -133,6 +141,9 @@ def serve_deployment(
     from prefect import serve
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
+    # SIGTERM before `serve` installs its own handler (while the deployment is being applied) would end
+    # this process at once, skipping the `finally` below and leaving the server it started running
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     url, server = PREFECT_API_URL.value(), None
     if url:
         print(f"Prefect API: {url} (from PREFECT_API_URL); its scheduler fires the runs")

@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import sqlalchemy
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +35,31 @@ def prefect_home(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory):
+@pytest.fixture(scope="package")
+def prefect_api(tmp_path_factory, postgres_url):
     """A real `prefect server start` on 127.0.0.1 (its scheduler and automations running), shared by the
-    tests that run `rollart` in subprocesses: the environment for them, PREFECT_API_URL set.
+    flow tests that run `rollart` in subprocesses, and stopped after them (an idle server's services
+    still cost CPU): the environment for those processes, PREFECT_API_URL set.
 
+    Its database is PostgreSQL: on SQLite, the runs, the runner and the server's services writing at once
+    stalled it for 60 s at a time ("database is locked", seen in the schedule test here).
     A run that comes due while another holds its deployment's slot is put back by the server for 30 s,
     and a runner polls every 10 s (Prefect's defaults): up to 40 s idle between two runs of one deployment.
     The order of the runs is under test, not those intervals, so both are shortened here."""
     from flows.deploy import start_server
     from tests.services import free_port
 
+    engine = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.exec_driver_sql("CREATE DATABASE prefect_api")
+    engine.dispose()
     home = tmp_path_factory.mktemp("prefect-server")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_API_DATABASE_CONNECTION_URL=postgres_url.replace("+psycopg", "+asyncpg").rsplit("/", 1)[0]
+        + "/prefect_api",
         PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS="5",
         PREFECT_RUNNER_POLL_FREQUENCY="2",
     )
