@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy
 
-from tests.services import postgres_server
+from tests.services import create_database, postgres_server
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -25,10 +24,5 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Metadata-store tests run against SQLite and a real PostgreSQL server."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/metadata.db"
-    base = request.getfixturevalue("postgres_url")
-    name = f"t_{uuid.uuid4().hex[:12]}"  # a fresh database per test
-    engine = sqlalchemy.create_engine(base, isolation_level="AUTOCOMMIT")
-    with engine.connect() as c:
-        c.exec_driver_sql(f"CREATE DATABASE {name}")
-    engine.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
+    # a fresh database per test
+    return create_database(request.getfixturevalue("postgres_url"), f"t_{uuid.uuid4().hex[:12]}")

@@ -76,3 +76,14 @@ def postgres_server() -> Iterator[str]:
             )  # fast shutdown of the postmaster
         proc.wait(timeout=30)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def create_database(server_url: str, name: str) -> str:
+    """A new, empty database `name` on the PostgreSQL server of `server_url`; returns its URL."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.exec_driver_sql(f"CREATE DATABASE {name}")
+    engine.dispose()
+    return server_url.rsplit("/", 1)[0] + "/" + name

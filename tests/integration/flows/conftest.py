@@ -3,7 +3,6 @@
 import os
 
 import pytest
-import sqlalchemy
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +46,15 @@ def prefect_api(tmp_path_factory, postgres_url):
     and a runner polls every 10 s (Prefect's defaults): up to 40 s idle between two runs of one deployment.
     The order of the runs is under test, not those intervals, so both are shortened here."""
     from flows.deploy import start_server
-    from tests.services import free_port
+    from tests.services import create_database, free_port
 
-    engine = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as c:
-        c.exec_driver_sql("CREATE DATABASE prefect_api")
-    engine.dispose()
+    database = create_database(postgres_url, "prefect_api").replace("+psycopg", "+asyncpg")
     home = tmp_path_factory.mktemp("prefect-server")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_API_DATABASE_CONNECTION_URL=postgres_url.replace("+psycopg", "+asyncpg").rsplit("/", 1)[0]
-        + "/prefect_api",
+        PREFECT_API_DATABASE_CONNECTION_URL=database,
         PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS="5",
         PREFECT_RUNNER_POLL_FREQUENCY="2",
     )
