@@ -297,6 +297,12 @@ class ResourcesConfig(_Strict):
 class BackendsConfig(_Strict):
     generation: Literal["vllm", "hf", "modelled"] = "vllm"
     training: Literal["torch", "megatron"] = "torch"
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        description="ranks the Megatron trainer splits each layer over: that many actor_train processes "
+        "on one node (each with its own GPU where there are any); pipeline parallelism is not implemented",
+    )
     weight_store: Literal["mooncake", "ray"] = "mooncake"
     weight_store_bytes: int | None = Field(
         None,
@@ -317,6 +323,10 @@ class BackendsConfig(_Strict):
     def _store_bytes_need_mooncake(self) -> BackendsConfig:
         if self.weight_store_bytes is not None and self.weight_store != "mooncake":
             raise ValueError("weight_store_bytes sizes the Mooncake store; weight_store is not mooncake")
+        if self.tensor_parallel > 1 and self.training != "megatron":
+            raise ValueError(
+                f"tensor_parallel {self.tensor_parallel} needs training: megatron (torch is one process)"
+            )
         return self
 
 
@@ -368,6 +378,16 @@ class ExperimentConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate task names: {', '.join(dupes)} (set tasks[i].name)")
+        return self
+
+    @model_validator(mode="after")
+    def _one_trainer(self) -> ExperimentConfig:
+        trainer = self.resources.roles.get("actor_train")
+        if trainer is not None and trainer.count != 1:
+            raise ValueError(
+                f"resources.roles.actor_train.count: one trainer per run (got {trainer.count}); to split it "
+                "over processes set backends.tensor_parallel (with training: megatron)"
+            )
         return self
 
     @property

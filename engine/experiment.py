@@ -9,6 +9,7 @@ their state from the checkpoint.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import ray
 
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
+from engine.core.handles import RankGroup
 from engine.core.resources import ResourceManager
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
@@ -197,17 +199,20 @@ class Experiment:
             "dtype": cfg.model.dtype,
         }
         faults = cfg.faults
+        tp = cfg.backends.tensor_parallel
         self.clusters["train"] = Cluster(
             "train",
             FaultyTrainWorker if faults.trainer_faults else TrainWorker,
             self.rm,
-            roles["actor_train"].model_copy(update={"count": 1}),
+            roles["actor_train"].model_copy(update={"count": tp}),  # one trainer: its tensor-parallel ranks
             worker_config={
                 "model_dir": self.model_dir,
                 "trainer": train_cfg,
                 "max_len": cfg.model.max_context,
                 "threads": self._threads("actor_train"),
                 "training": cfg.backends.training,
+                "tensor_parallel": tp,
+                "rendezvous": _rendezvous() if tp > 1 else None,
                 "faults": faults.model_dump(),
                 **common,
             },
@@ -271,7 +276,7 @@ class Experiment:
         )
         for c in self.clusters.values():  # all roles were requested at once: their imports overlap
             c.ready()
-        return {"train": 1, "gen": len(slots), "namespace": self.namespace}
+        return {"train": tp, "gen": len(slots), "namespace": self.namespace}
 
     def _threads(self, role: str) -> int:
         rc = self.cfg.resources.roles[role]
@@ -280,7 +285,9 @@ class Experiment:
 
     @property
     def trainer(self) -> Any:
-        return self.clusters["train"].workers[0].actor
+        """The trainer's actor, or its tensor-parallel ranks behind one handle."""
+        ranks = [w.actor for w in self.clusters["train"].workers]
+        return ranks[0] if len(ranks) == 1 else RankGroup(ranks)
 
     def protocol(self) -> IterationProtocol:
         gen = [w.actor for w in self.clusters["gen"].workers]
@@ -323,6 +330,20 @@ class Experiment:
         if self._ray is not None:
             ray.shutdown()
             self._ray = None
+
+
+def _rendezvous() -> str:
+    """Where tensor-parallel trainer ranks meet: a free loopback port, so all of them must be on this node
+    (tensor parallelism exchanges activations every layer: it belongs within a node)."""
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) > 1:
+        raise ValueError(
+            f"backends.tensor_parallel > 1 runs its ranks on the driver's node; this Ray cluster has "
+            f"{len(nodes)} nodes, and placing the ranks together there is not implemented yet"
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _wait_gone(namespace: str, names: list[str], timeout_s: float = 30.0) -> None:

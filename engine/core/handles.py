@@ -3,12 +3,15 @@
 Engine components are plain classes with (mostly async) methods; in a real run they live in Ray actors.
 `acall(target, "m", ...)` awaits `target.m.remote(...)` for an actor, or `target.m(...)` (awaited when it
 is a coroutine) for a local object, so the orchestration code is the same in tests and at scale.
+`RankGroup` makes the ranks of a role that work in lockstep look like one actor.
 """
 
 from __future__ import annotations
 
 import inspect
 from typing import Any
+
+import ray
 
 
 async def acall(target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -17,3 +20,33 @@ async def acall(target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         return await fn.remote(*args, **kwargs)
     out = fn(*args, **kwargs)
     return await out if inspect.isawaitable(out) else out
+
+
+@ray.remote(num_cpus=0)
+def _first(*results: Any) -> Any:
+    """Rank 0's result, once every rank's call has ended (an error on any rank is raised here)."""
+    return results[0]
+
+
+class RankGroup:
+    """The ranks of one role that work in lockstep (tensor-parallel trainer processes) behind one handle,
+    as an actor's: `group.m.remote(...)` calls `m` on every rank at once (their collectives need all of
+    them) and gives rank 0's result, as an ObjectRef that fails if any rank's call failed."""
+
+    def __init__(self, actors: list[Any]):
+        if not actors:
+            raise ValueError("RankGroup needs at least one actor")
+        self.actors = actors
+
+    def __getattr__(self, method: str) -> _FanOut:
+        if method.startswith("__") and method != "__ray_call__":
+            raise AttributeError(method)
+        return _FanOut(self.actors, method)
+
+
+class _FanOut:
+    def __init__(self, actors: list[Any], method: str):
+        self.actors, self.method = actors, method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return _first.remote(*[getattr(a, self.method).remote(*args, **kwargs) for a in self.actors])

@@ -54,13 +54,18 @@ def save_checkpoint(
     except TypeError as exc:
         raise ValueError(f"extra must be JSON-able: {exc}") from exc
     final = checkpoint_dir(root, trainer.version)
+    # whole weights and optimiser state first: on tensor-parallel ranks these are collectives, every rank
+    # takes part, and only the one that `writes` goes on to write
+    model, optimizer_state = trainer.hf_model(), trainer.optimizer_state()
+    if not trainer.writes:
+        return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(final, "tmp")
     try:
-        trainer.model.save_pretrained(tmp)
+        model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save(trainer.optimizer.state_dict(), tmp / _OPTIMIZER_FILE)
+        torch.save(optimizer_state, tmp / _OPTIMIZER_FILE)
         torch.save(_rng_state(), tmp / _RNG_FILE)
         state = {
             "format": _FORMAT,
@@ -98,7 +103,7 @@ def load_checkpoint(path: str | Path, trainer: TorchTrainer) -> dict[str, Any]:
     trainer.model.load_state_dict(saved.state_dict())  # in place: the optimiser keeps its parameters
     del saved
     optimizer_state = torch.load(path / _OPTIMIZER_FILE, map_location=trainer.device, weights_only=True)
-    trainer.optimizer.load_state_dict(optimizer_state)
+    trainer.load_optimizer_state(optimizer_state)
     _set_rng_state(torch.load(path / _RNG_FILE, weights_only=True))
     trainer.version = int(state["version"])
     return state["extra"]

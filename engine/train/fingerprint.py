@@ -49,7 +49,7 @@ def trainer_fingerprint(worker: Any) -> dict[str, Any]:
     return {
         "version": trainer.version,
         "weights_sha256": worker.weights_sha256(),
-        "optimizer_sha256": state_sha256(trainer.optimizer.state_dict()),
+        "optimizer_sha256": state_sha256(trainer.optimizer_state()),  # whole, as the checkpoint holds it
     }
 
 

@@ -3,7 +3,11 @@
 config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
 "bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores),
 "training": "torch" (the HF model, default) or "megatron" (a Megatron-core GPTModel converted from it,
-engine/train/megatron; weights still published and saved in HF names)}.
+engine/train/megatron; weights still published and saved in HF names), "tensor_parallel": int (Megatron's
+ranks: the cluster's workers, rank r of them holding slice r of each layer) and "rendezvous":
+"tcp://host:port" (where the ranks meet; with more than one)}.
+Tensor-parallel ranks are called together (`engine.core.handles.RankGroup`): every rank takes each call,
+and only rank 0 publishes weights and writes checkpoints.
 A training step takes whole GRPO groups (never partial ones), reports loss/clip/entropy/KL/grad-norm/
 tokens-per-s plus the batch's rewards and staleness.
 
@@ -57,12 +61,19 @@ class TrainWorker(Worker):
         training = self.config.get("training", "torch")
         if training not in ("torch", "megatron"):
             raise ValueError(f"training: unknown backend {training!r}; choose torch or megatron")
+        tp = int(self.config.get("tensor_parallel", 1))
+        if tp != self.world_size or (tp > 1 and training != "megatron"):
+            raise ValueError(
+                f"tensor_parallel {tp} needs training: megatron and {tp} workers (has {self.world_size})"
+            )
 
         def policy() -> ModelSource:
             if training == "megatron":
                 from engine.train.megatron.model import MegatronLM  # imports megatron-core: only when used
 
-                return MegatronLM(self.model_dir)
+                return MegatronLM(
+                    self.model_dir, tp=tp, rank=self.rank, address=self.config.get("rendezvous")
+                )
             return self.model_dir
 
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
@@ -72,7 +83,7 @@ class TrainWorker(Worker):
         self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model, device=device())
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
-        store = self.config.get("store")
+        store = self.config.get("store") if self.trainer.writes else None  # rank 0 publishes for all
         self.publisher = WeightPublisher(open_store(store), self.config["run_id"]) if store else None
 
     def version(self) -> int:
@@ -106,10 +117,13 @@ class TrainWorker(Worker):
 
     def publish(self, bucket_bytes: int | None = None) -> dict[str, float]:
         """Push the current weights as version `self.version()` to the weight store."""
+        state = self.trainer.state_dict()  # whole: on tensor-parallel ranks every rank takes part
+        if not self.trainer.writes:
+            return {}
         if self.publisher is None:
             raise RuntimeError("no weight store configured, cannot publish")
         size = bucket_bytes or int(self.config.get("bucket_bytes", 64 << 20))
-        return self.publisher.publish(self.trainer.state_dict(), self.trainer.version, size)
+        return self.publisher.publish(state, self.trainer.version, size)
 
     def weights_sha256(self) -> str:
         return weights_sha256(self.trainer.state_dict())

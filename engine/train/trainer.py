@@ -150,7 +150,14 @@ class TorchTrainer:
                 totals[key] += stats[key] * micro_tokens / action_tokens
             totals["entropy"] += entropy_sum / action_tokens
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        own_clip = getattr(
+            self.model, "clip_grad_norm_", None
+        )  # a model split over ranks clips by the whole norm
+        grad_norm = (
+            own_clip(max_norm)
+            if own_clip
+            else torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        )
         lr = cfg.lr_at(self.version)  # from the step count alone, so a resumed run continues the schedule
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
@@ -229,6 +236,29 @@ class TorchTrainer:
     def state_dict(self) -> dict[str, Tensor]:
         """A CPU snapshot of the weights, named exactly as the HF model names them (for publishing)."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    # The edges a checkpoint uses. A model split over tensor-parallel ranks (engine.train.megatron) gives and
+    # takes whole weights and optimiser state there, every rank calling; only its rank 0 writes.
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes what the trainer saves (False on tensor-parallel ranks but 0)."""
+        return int(getattr(self.model, "rank", 0)) == 0
+
+    def hf_model(self) -> PreTrainedModel:
+        """An HF model holding the weights (the model itself, or a whole copy of a split one)."""
+        to_hf = getattr(self.model, "to_hf_model", None)
+        return to_hf() if to_hf else self.model
+
+    def optimizer_state(self) -> dict:
+        own = getattr(self.model, "optimizer_state", None)
+        return own(self.optimizer) if own else self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        own = getattr(self.model, "load_optimizer_state", None)
+        if own:
+            own(self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
 
     @torch.no_grad()
     def greedy_generate(self, prompt_ids: list[int], max_tokens: int) -> list[int]:

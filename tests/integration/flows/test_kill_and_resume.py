@@ -1,7 +1,8 @@
 """The driver is killed (SIGKILL) after a checkpoint; `rollart train --resume` continues from it.
 
-The run trains with `backends.training: megatron` (a Megatron-core GPTModel in the TrainWorker actor):
-the product path of that backend, its HF-named checkpoints and its optimiser state, end to end.
+The run trains with `backends.training: megatron` at `tensor_parallel: 2` (a Megatron-core GPTModel split
+over two TrainWorker actors under gloo): the product path of that backend, its HF-named checkpoints and
+its whole (gathered) optimiser state, end to end.
 
 Asserted: the resumed trainer holds exactly the checkpoint's weights (the hash recorded at save time)
 and optimiser state (the saved file's hash); the step the killed driver recorded after the checkpoint
@@ -43,7 +44,8 @@ def session_alive(sid: int) -> list[str]:
 def test_kill_after_a_checkpoint_then_resume_continues_exactly(prefect_api, tmp_path):
     cfg = tiny_config(tmp_path, "killed", train={"steps": STEPS, "checkpoint_every": 2})
     cfg["resources"]["roles"]["actor_gen"]["count"] = 1
-    cfg["backends"]["training"] = "megatron"
+    cfg["backends"].update(training="megatron", tensor_parallel=2)
+    cfg["resources"]["pools"][0]["capacity"] = 2  # the compute pool: a unit for each trainer rank
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "runs" / "killed"
@@ -67,6 +69,8 @@ def test_kill_after_a_checkpoint_then_resume_continues_exactly(prefect_api, tmp_
         time.sleep(0.5)
     assert session_alive(first.pid) == []
 
+    trainers = {b.worker: b.pool for b in store.bindings("killed") if b.role == "actor_train"}
+    assert trainers == {"train-0": "compute", "train-1": "compute"}  # the two ranks of the one trainer
     ck = store.latest_checkpoint("killed")
     rows = [s["step"] for s in store.steps("killed")]
     assert ck["step"] == 2 and rows[:3] == [1, 2, 3] and len(rows) <= 4

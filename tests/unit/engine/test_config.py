@@ -118,6 +118,22 @@ def test_weight_store_bytes_need_the_mooncake_store():
 @pytest.mark.parametrize(
     ("overrides", "problem"),
     [
+        (["backends.tensor_parallel=2"], "backends: tensor_parallel 2 needs training: megatron"),
+        (["resources.roles.actor_train.count=2"], "resources.roles.actor_train.count: one trainer per run"),
+    ],
+)
+def test_trainer_processes_come_from_tensor_parallel_with_megatron_only(overrides, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(FROZENLAKE, overrides)
+    [got] = e.value.problems
+    assert got.startswith(problem), got
+    cfg = load_config(FROZENLAKE, ["backends.training=megatron", "backends.tensor_parallel=2"])
+    assert (cfg.backends.tensor_parallel, cfg.resources.roles["actor_train"].count) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
         (["train.mode=sync+", "train.alpha=2"], "train: alpha: mode sync+ always runs at alpha 0"),
         (["train.mode=one-off", "train.alpha=0"], "train: alpha: mode one-off always runs at alpha 1"),
         (["train.mode=rollart", "train.alpha=0"], "train: alpha: rollart needs alpha >= 1"),

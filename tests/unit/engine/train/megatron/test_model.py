@@ -111,3 +111,89 @@ def _relative(diff: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> fl
     return float(
         sum(d.pow(2).sum() for d in diff.values()).sqrt() / sum(r.pow(2).sum() for r in ref.values()).sqrt()
     )
+
+
+# Tensor parallelism: two ranks under gloo, each a process with its slices, against the one-process models
+TP_LLAMA = LLAMA.__class__(**{**LLAMA.to_dict(), "num_attention_heads": 4, "num_key_value_heads": 2})
+TP_CONFIG = TrainerConfig(lr=1e-3, micro_batch_size=2, max_grad_norm=0.05)  # a norm that does clip
+
+
+def _rank(rank: int, tp: int, address: str, dirs: list[str], out: str) -> None:
+    """One tensor-parallel rank: logits, whole weights, one GRPO step and a checkpoint per model dir."""
+    from engine.train.checkpoint import save_checkpoint
+
+    torch.set_num_threads(1)
+    for d in dirs:
+        batch = torch.load(Path(d) / "batch.pt", weights_only=False)
+        mg = MegatronLM(d, tp=tp, rank=rank, address=address)
+        with torch.no_grad():
+            logits = mg(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        trainer = TorchTrainer(mg, TP_CONFIG)
+        before = trainer.state_dict()
+        metrics = trainer.train_step(batch)
+        after = trainer.state_dict()
+        save_checkpoint(Path(out) / Path(d).name, trainer)
+        if rank == 0:
+            torch.save(dict(logits=logits, before=before, after=after, metrics=metrics), Path(d) / "tp.pt")
+
+
+def test_two_tensor_parallel_ranks_compute_and_train_as_one_process(
+    tmp_path: Path, tiny_model: Callable[..., PreTrainedModel], make_group: Callable[..., Group]
+) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from engine.train.checkpoint import load_checkpoint, save_checkpoint
+
+    dirs = []
+    for name, model in (("qwen2", tiny_model(seed=1)), ("llama", AutoModelForCausalLM.from_config(TP_LLAMA))):
+        model.save_pretrained(tmp_path / name)
+        torch.save(build_train_batch([_group(model.eval(), make_group)]), tmp_path / name / "batch.pt")
+        dirs.append(str(tmp_path / name))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=_rank, args=(r, 2, address, dirs, str(tmp_path / "ck"))) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=300)
+    assert [p.exitcode for p in ranks] == [0, 0]
+
+    for d in map(Path, dirs):
+        batch, got = (
+            torch.load(d / "batch.pt", weights_only=False),
+            torch.load(d / "tp.pt", weights_only=False),
+        )
+        hf = _hf(d)
+        with torch.no_grad():
+            want = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        real = batch.attention_mask.bool()
+        assert torch.allclose(got["logits"][real], want[real], atol=1e-4, rtol=0), d.name
+        # the slices gathered are the HF weights bit for bit
+        assert all(torch.equal(got["before"][k], v) for k, v in hf.state_dict().items()), d.name
+        # one step: the same loss, whole-model gradient norm (clipped by it) and weight deltas as one process
+        one = TorchTrainer(MegatronLM(d), TP_CONFIG)
+        ref = one.train_step(batch)
+        assert got["metrics"]["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7), d.name
+        assert got["metrics"]["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), d.name
+        assert ref["grad_norm"] > TP_CONFIG.max_grad_norm  # so the clip coefficient was exercised
+        grads = to_hf({k: p.grad for k, p in one.model.gpt.named_parameters()}, one.model.arch)
+        kept = {k: g.abs() > 1e-5 for k, g in grads.items()}  # as above: AdamW scales float noise to ±lr
+        after = one.state_dict()
+        delta_one = {k: (after[k] - got["before"][k])[m] for k, m in kept.items()}
+        delta_tp = {k: (got["after"][k] - got["before"][k])[m] for k, m in kept.items()}
+        assert _relative({k: delta_tp[k] - v for k, v in delta_one.items()}, delta_one) <= 1e-5, d.name
+        # the checkpoint rank 0 wrote is whole: it resumes in one process with the weights and AdamW moments
+        resumed = TorchTrainer(MegatronLM(d), TP_CONFIG)
+        load_checkpoint(tmp_path / "ck" / d.name / "step-00000001", resumed)
+        assert resumed.version == 1
+        assert all(torch.equal(resumed.state_dict()[k], v) for k, v in got["after"].items()), d.name
+        mine, theirs = one.optimizer_state()["state"], resumed.optimizer_state()["state"]
+        assert mine.keys() == theirs.keys()
+        for kind in ("exp_avg", "exp_avg_sq"):
+            diff = {i: theirs[i][kind] - mine[i][kind] for i in mine}
+            assert _relative(diff, {i: mine[i][kind] for i in mine}) <= 1e-5, (d.name, kind)
+        save_checkpoint(tmp_path / "again" / d.name, resumed)  # and one process saves it in the same layout
