@@ -5,9 +5,11 @@ and written with `upsert_from` / read with `get_into`. The plain `put`/`get` cal
 client's `local_buffer_size` and fail for values larger than it.
 
 Things to know (measured on mooncake 0.3.13):
-- A value lives in the segment of the client that wrote it (`segment_bytes` of memory it contributes),
-  so the writer must stay alive while readers need the value, and its segment must hold every value
-  kept at once. A full store fails the put with NO_AVAILABLE_HANDLE -> `StoreFullError`.
+- A value lives in the segment of the client that wrote it (`segment_bytes` of memory it contributes;
+  asked for with `preferred_segment`, else the master may place it in any client's segment, and a
+  reader's lost node would take part of a version with it), so the writer must stay alive while readers
+  need the value, and its segment must hold every value kept at once. A full store fails the put with
+  NO_AVAILABLE_HANDLE -> `StoreFullError`.
 - Values are hard-pinned, so the master never evicts a weight bucket to make room for another.
 - A read holds a lease (master flag `default_kv_lease_ttl`) that must outlast the slowest read, and
   blocks a plain remove; `delete` forces removal, so only delete versions nobody reads anymore.
@@ -124,6 +126,8 @@ class MooncakeStore(WeightStore):
             )
         self._config = ReplicateConfig()
         self._config.with_hard_pin = True
+        # what this client writes lives in its own segment: a reader's node that is lost takes none of it
+        self._config.preferred_segment = self._store.get_hostname()
         self._closed = False
 
     def _registered(self, arr: np.ndarray, op: str, key: str) -> int:

@@ -102,3 +102,15 @@ def test_master_listens_on_loopback_only_and_stops(tmp_path: Path) -> None:
     assert len(pids) == 2 and len(listening) >= 3  # rpc, metrics, metadata
     assert set(listening) == {"127.0.0.1"}
     assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_values_live_in_the_writers_segment_so_a_lost_reader_takes_none(master: MooncakeMaster) -> None:
+    """A reader contributes a far larger segment than the writer; the writer's values are still placed in
+    the writer's own, so they outlive the reader (a generation node lost mid-run)."""
+    writer, reader = client(master, segment_bytes=32 * MiB), client(master, segment_bytes=256 * MiB)
+    for i in range(16):
+        writer.put(f"w/v1/{i}", bytes([i]) * MiB)
+    assert bytes(reader.get("w/v1/3"))[:2] == b"\x03\x03"
+    reader.close()  # its segment is unmounted: anything placed there is gone
+    assert all(bytes(writer.get(f"w/v1/{i}")) == bytes([i]) * MiB for i in range(16))
+    writer.close()
