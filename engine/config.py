@@ -146,6 +146,12 @@ class RolloutConfig(_Strict):
     env_timeout_s: float = Field(60.0, gt=0, description="an env reset/step taking longer fails its member")
     reward_timeout_s: float = Field(60.0, gt=0, description="one reward call; a timeout counts as an error")
     reward_retries: int = Field(3, ge=0, description="reward retries (exponential backoff) before a drop")
+    worker_restart_wait_s: float = Field(
+        120.0,
+        gt=0,
+        description="how long a weight update waits for a generation worker Ray is restarting; one still "
+        "not back (its node is gone) is then left out and counted, the others serve on",
+    )
 
 
 class TrainConfig(_Strict):

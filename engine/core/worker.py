@@ -84,6 +84,7 @@ class Worker:
             "name": self.name,
             "pid": os.getpid(),
             "node": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
             "pool": self.pool,
             "gpus": [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else [],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

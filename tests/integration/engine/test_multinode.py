@@ -1,0 +1,95 @@
+"""A run that joins a multi-node Ray cluster through `RAY_ADDRESS`, as on machines that ran
+`rollart node start`: here three raylets on this machine (`ray.cluster_utils`, every server on loopback),
+each offering the pools `rollart node start --pool ...` declares (`engine/core/nodes.py`).
+
+Asserted: a pool no node offers is refused before anything starts, naming it; each role's workers run
+on the node offering its pool and the run's control plane beside its driver; the weights reach the
+generation nodes through Mooncake.
+"""
+
+import asyncio
+
+import pytest
+import ray
+from ray._private import ray_constants
+from ray.cluster_utils import Cluster
+
+from engine.config import load_config
+from engine.core.nodes import parse_pools
+from engine.experiment import Experiment
+from engine.rollout.scheduler import unended
+from tests.integration.runs import G, tiny_config
+
+POOLS = {"head": ["compute:1", "cpu:2"], "gen-a": ["bandwidth:1"], "gen-b": ["bandwidth:1"]}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # the nodes' servers on 127.0.0.1, not the machine's address
+    c = Cluster()
+    nodes = {}
+    try:
+        for name, pools in POOLS.items():
+            nodes[name] = c.add_node(num_cpus=1, resources=parse_pools(pools), include_dashboard=False)
+        c.wait_for_nodes()
+        yield c, {name: n.node_id for name, n in nodes.items()}, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def test_a_pool_no_node_offers_is_refused_naming_it(cluster, tmp_path, monkeypatch):
+    c, _, _ = cluster
+    monkeypatch.setenv("RAY_ADDRESS", c.address)
+    cfg = tiny_config(tmp_path, "lacking")
+    cfg["resources"]["pools"][1]["capacity"] = 3  # bandwidth: the nodes offer 2
+    exp = Experiment(load_config(data=cfg))
+    try:
+        with pytest.raises(ValueError, match=r"pool bandwidth: the cluster offers 2 of 3 units \(add a node"):
+            exp.provision()
+    finally:
+        exp.release_ray()
+        exp.store.close()
+
+
+def test_roles_run_on_their_pools_nodes_and_weights_reach_them_through_mooncake(
+    cluster, tmp_path, monkeypatch
+):
+    c, ids, _ = cluster
+    monkeypatch.setenv("RAY_ADDRESS", c.address)
+    cfg = tiny_config(tmp_path, "multinode", train={"steps": 2})
+    cfg["backends"]["weight_store"] = "mooncake"
+    exp = Experiment(load_config(data=cfg))
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        exp.start_actors()
+        where = {
+            name: sorted(ray.get(w.actor.ping.remote())["node_id"] for w in cl.workers)
+            for name, cl in exp.clusters.items()
+        }
+        assert where == {"train": [ids["head"]], "gen": sorted([ids["gen-a"], ids["gen-b"]])}
+        driver = ray.get_runtime_context().get_node_id()  # the run's control plane runs beside its driver
+        node_of = ray.get(exp.rollout.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+        assert node_of == driver == ids["head"]
+        proto = exp.protocol()
+
+        async def run() -> list[dict]:
+            await proto.start()
+            return [await proto.step() for _ in range(2)]
+
+        metrics = asyncio.run(run())
+        ray.get(exp.rollout.stop.remote())
+        stats = ray.get(exp.rollout.stats.remote())
+        assert [m["version"] for m in metrics] == [1, 2]
+        assert all(m["groups"] == 2 and m["trajectories"] == 2 * G for m in metrics)  # whole groups only
+        assert all(m["push_s"] > 0 and m["weight_bytes"] > 0 for m in metrics)  # published to Mooncake ...
+        assert metrics[-1]["pull_s"] > 0  # ... and pulled on the generation nodes, which now serve v1
+        assert [ray.get(w.actor.version.remote()) for w in exp.clusters["gen"].workers] == [1, 1]
+        assert all(m["gen_workers_unavailable"] == 0 for m in metrics)
+        assert unended(stats["counts"]) == 0 and stats["counts"]["trajectories_started"] > 0  # nothing lost
+    finally:
+        exp.teardown()
