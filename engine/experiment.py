@@ -261,27 +261,18 @@ class Experiment:
         ]
         # the run's control plane lives beside its driver: on a cluster, a lost worker node takes only
         # the workers of its pools with it
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.proxy = (
-            ray.remote(LLMProxy)
-            .options(
-                name="llm-proxy",
-                namespace=self.namespace,
-                max_concurrency=100_000,
-                num_cpus=0,
-                scheduling_strategy=here,
-            )
-            .remote(slots)
-        )
+        control = {
+            "namespace": self.namespace,
+            "max_concurrency": 100_000,
+            "num_cpus": 0,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            ),
+        }
+        self.proxy = ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots)
         self.rollout = (
             ray.remote(RolloutService)
-            .options(
-                name="rollout",
-                namespace=self.namespace,
-                max_concurrency=100_000,
-                num_cpus=0,
-                scheduling_strategy=here,
-            )
+            .options(name="rollout", **control)
             .remote(
                 task_specs(cfg),
                 self.model_dir,
