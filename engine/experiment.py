@@ -22,14 +22,14 @@ from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
 from engine.core.handles import RankGroup
 from engine.core.nodes import missing_pools
-from engine.core.resources import ResourceManager
+from engine.core.resources import ResourceManager, ray_resource
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.env_manager import TurnLimits
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
-from engine.rollout.reward import RewardScorer, env_return
+from engine.rollout.reward import RewardScorer, ScoreFn, env_return
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import RolloutService, default_env_factory
 from engine.train.train_worker import TrainWorker
@@ -105,6 +105,8 @@ class Experiment:
         self.clusters: dict[str, Cluster] = {}
         self.proxy: Any = None
         self.rollout: Any = None
+        self.judges: dict[str, Any] = {}  # task -> its JudgeEndpoint (engine/rollout/judge_endpoints.py)
+        self._own_serve = False  # whether this run started Serve (then its teardown stops it)
 
     # -- provisioning ------------------------------------------------------------------------------
     def provision(self) -> dict[str, Any]:
@@ -192,6 +194,30 @@ class Experiment:
         return dict(self.store_spec)
 
     # -- actors ------------------------------------------------------------------------------------
+    def deploy_reward(self) -> dict[str, Any]:
+        """Each task's scoring: its env's rule in the rollout actor, or an LLM judge on a scale-to-zero
+        endpoint, deployed here (once; on the reward role's pool) and removed by `teardown`."""
+        judged = [t for t in self.cfg.tasks if t.reward.kind == "llm-judge"]
+        if judged and not self.judges:
+            from engine.rollout.judge_endpoints import deploy_judges  # Ray Serve: only for a judge
+            from infra.serve import serve_running
+
+            role = self.cfg.resources.roles["reward"]
+            self._own_serve = self._own_serve or not serve_running()
+            self.judges = deploy_judges(
+                judged,
+                prefix=self.namespace,
+                policy_dir=self.model_dir or self.prepare_model(),
+                replica_options={"num_cpus": 0, "resources": {ray_resource(role.pool): role.units}},
+            )
+        return {
+            "endpoints": {task: e.report() for task, e in self.judges.items()},
+            "scoring": {
+                t.name: f"llm-judge at {self.judges[t.name].url}" if t.name in self.judges else "env rule"
+                for t in self.cfg.tasks
+            },
+        }
+
     def start_actors(self, env_factory: Callable[[TaskSpec], Env] = default_env_factory) -> dict[str, Any]:
         """`env_factory` builds each trajectory's env (picklable: it travels to the rollout actor)."""
         cfg, roles = self.cfg, self.cfg.resources.roles
@@ -213,6 +239,8 @@ class Experiment:
         }
         faults = cfg.faults
         tp = cfg.backends.tensor_parallel
+        self.deploy_reward()
+        score = self._score()
         self.clusters["train"] = Cluster(
             "train",
             FaultyTrainWorker if faults.trainer_faults else TrainWorker,
@@ -286,7 +314,7 @@ class Experiment:
                 granularity=cfg.rollout.granularity,
                 env_factory=FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
                 reward=RewardScorer(
-                    FaultyScore(faults) if faults.reward_faults else env_return,
+                    FaultyScore(faults, score) if faults.reward_faults else score,
                     retries=cfg.rollout.reward_retries,
                     timeout_s=cfg.rollout.reward_timeout_s,
                 ),
@@ -296,6 +324,13 @@ class Experiment:
         for c in self.clusters.values():  # all roles were requested at once: their imports overlap
             c.ready()
         return {"train": tp, "gen": len(slots), "namespace": self.namespace}
+
+    def _score(self) -> ScoreFn:
+        if not self.judges:
+            return env_return
+        from engine.rollout.judge_endpoints import judge_scores
+
+        return judge_scores(self.judges, timeout_s=self.cfg.rollout.reward_timeout_s)
 
     def _threads(self, role: str) -> int:
         rc = self.cfg.resources.roles[role]
@@ -339,6 +374,16 @@ class Experiment:
             from infra.weightstore.ray_store import RayObjectStore
 
             RayObjectStore(self.store_spec["name"], self.namespace).destroy()
+        if self.judges or self._own_serve:
+            from engine.rollout.judge_endpoints import undeploy_judges
+
+            undeploy_judges(self.judges)
+            self.judges = {}
+            if self._own_serve:
+                from ray import serve
+
+                serve.shutdown()
+                self._own_serve = False
         if self.rollout is not None or self.proxy is not None:
             _wait_gone(self.namespace, ["rollout", "llm-proxy"])
         self.rollout = self.proxy = None

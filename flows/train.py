@@ -1,7 +1,7 @@
 """The training driver: one Prefect flow per run, one async sub-flow per iteration.
 
     train(config, resume, more_steps)
-      provision_pools → warmup_sandboxes → deploy_reward → start_actors → restore_checkpoint
+      provision_pools → warmup_sandboxes → prepare_model → deploy_reward → start_actors → restore_checkpoint
       → baselines → eval (step 0) → iteration × steps (eval every `train.eval_every`) → eval (last
       trained weights) → summary.json, plot → teardown
 
@@ -93,10 +93,10 @@ async def train(
         if pools["worker_logs"]:
             say(f"worker logs: {pools['worker_logs']}")
         say(f"sandboxes: {await warmup_sandboxes(exp)}")
-        deploy_reward(exp)
         if not cfg.model.path and cfg.model.pretrain_steps:
             say(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
         say(f"model: {prepare_model(exp)}")
+        say(f"reward: {deploy_reward(exp)['scoring']}")
         start_actors(exp)
         restored = restore_checkpoint(exp, resume)
         first = restored["step"]

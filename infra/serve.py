@@ -91,6 +91,11 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def serve_running() -> bool:
+    """Whether Serve (its controller) runs on the connected Ray cluster."""
+    return _get_global_client(raise_if_no_controller_running=False) is not None
+
+
 def _http_address(host: str, port: int | None) -> tuple[str, int]:
     """Start Serve's HTTP proxy on host:port, or check that the running one listens there.
 

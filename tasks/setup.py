@@ -42,9 +42,9 @@ async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str,
 
 @task(name="deploy_reward", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
 def deploy_reward(exp: Experiment) -> dict[str, Any]:
-    """Every configured task is scored by its environment's rule inside the rollout actor, so no serverless
-    endpoint is started; the LLM-judge endpoint (infra.serve + engine.rollout.judge) is for judge tasks."""
-    return {"endpoint": None, "scoring": {t.name: "rule (in the rollout actor)" for t in exp.cfg.tasks}}
+    """The scale-to-zero LLM-judge endpoint of each task that is judged (its URL and replicas in the result);
+    the other tasks are scored by their environment's rule inside the rollout actor."""
+    return exp.deploy_reward()
 
 
 @task(name="prepare_model", retries=1, retry_delay_seconds=2, timeout_seconds=1800, cache_policy=NO_CACHE)

@@ -21,14 +21,14 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import GenerationBackend
-from engine.backends.hf import HFBackend
-from engine.models.tokenizer import load_tokenizer
 from engine.rollout.reward import ScoreFn, judge_payload
 from engine.types import GenRequest, SamplingParams, Trajectory
 from infra.serverless import ServerlessClient
+
+if TYPE_CHECKING:
+    from engine.backends.base import GenerationBackend
 
 _VERDICT = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
 SCORES = {"yes": 1.0, "no": 0.0}
@@ -74,9 +74,13 @@ class LLMJudge:
         return verdict_score(self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
 
 
-def make_judge(model_dir: str | Path) -> LLMJudge:
-    """Load the judge model and tokenizer from `model_dir` (HF format) onto the CPU HF backend."""
-    return LLMJudge(HFBackend(model_dir), load_tokenizer(str(model_dir)))
+def make_judge(model_dir: str | Path, max_tokens: int = 4) -> LLMJudge:
+    """Load the judge model and tokenizer from `model_dir` (HF format) onto the CPU HF backend (imported here,
+    in the replica: a process that only calls the endpoint never loads torch)."""
+    from engine.backends.hf import HFBackend
+    from engine.models.tokenizer import load_tokenizer
+
+    return LLMJudge(HFBackend(model_dir), load_tokenizer(str(model_dir)), max_tokens=max_tokens)
 
 
 def serverless_scorer(client: ServerlessClient) -> ScoreFn:

@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from engine.types import Trajectory, TrajStatus
@@ -35,6 +35,16 @@ def judge_payload(traj: Trajectory) -> dict[str, Any]:
         "env_return": traj.env_return,
         "turns": [{"observation": t.observation, "action": t.action_text} for t in traj.turns],
     }
+
+
+class TaskScores:
+    """A score function per task (e.g. an LLM judge's endpoint), `default` (the env's rule) for the others."""
+
+    def __init__(self, by_task: Mapping[str, ScoreFn], default: ScoreFn = env_return) -> None:
+        self.by_task, self.default = dict(by_task), default
+
+    def __call__(self, traj: Trajectory) -> float | Awaitable[float]:
+        return self.by_task.get(traj.task, self.default)(traj)
 
 
 class RewardScorer:

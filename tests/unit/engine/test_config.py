@@ -180,3 +180,25 @@ def test_role_gpus_colocate_in_gpu_pools_and_are_refused_where_nothing_would_use
         load_config(FROZENLAKE, ["resources.roles.reward.gpus=0.5"])
     with pytest.raises(ConfigError, match=r"roles\.actor_gen\.gpus: .*pool 'cpu' is cpu"):
         load_config(FROZENLAKE, ["resources.roles.actor_gen.pool=cpu", "resources.roles.actor_gen.gpus=0.5"])
+
+
+def test_a_judge_reward_names_its_model_and_rule_rewards_take_no_judge_fields():
+    judged = load_config(FROZENLAKE, ["tasks.0.reward={kind: llm-judge, model: policy, idle_s: 2}"])
+    assert judged.tasks[0].reward.kind == "llm-judge" and judged.tasks[0].reward.idle_s == 2
+    assert load_config(FROZENLAKE).tasks[0].reward.kind == "rule"  # the env's rule unless asked
+    for override, problem in [
+        ("tasks.0.reward={kind: llm-judge}", "tasks[0].reward: model: an llm-judge reward names its judge"),
+        ("tasks.0.reward={kind: rule, model: policy}", "tasks[0].reward: model: only an llm-judge reward"),
+        (
+            "tasks.0.reward={kind: llm-judge, model: policy, serverless: false}",
+            "tasks[0].reward: serverless: a judge runs on a scale-to-zero endpoint",
+        ),
+        ("tasks.0.reward={kind: judge}", "tasks[0].reward.kind: Input should be 'rule' or 'llm-judge'"),
+        (
+            "tasks.0.reward={kind: llm-judge, model: policy, max_replicas: 9}",
+            "tasks: the judges' max_replicas need 9 units of pool 'cpu' (resources.roles.reward), which has 8",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load_config(FROZENLAKE, [override])
+        assert e.value.problems[0].startswith(problem), e.value.problems

@@ -1,6 +1,6 @@
 import math
 
-from engine.rollout.reward import RewardScorer, judge_payload
+from engine.rollout.reward import RewardScorer, TaskScores, judge_payload
 from engine.types import Trajectory, TrajStatus, Turn
 
 
@@ -64,3 +64,17 @@ def test_judge_payload_is_json_friendly():
         "env_return": 0.5,
         "turns": [{"observation": "obs", "action": "act"}],
     }
+
+
+async def test_task_scores_send_each_task_to_its_own_scorer_and_the_rest_to_the_env_rule():
+    seen = []
+
+    async def judge(traj):
+        seen.append(traj.task)
+        return 0.0
+
+    scorer = RewardScorer(TaskScores({"judged": judge}))
+    judged, ruled = finished(1.0), finished(0.75)
+    judged.task = "judged"
+    assert (await scorer(judged)).reward == 0.0 and (await scorer(ruled)).reward == 0.75
+    assert seen == ["judged"] and scorer.counts == {"scored": 2}

@@ -6,37 +6,40 @@ A bad config fails at load with one line per problem naming the field path, e.g.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from engine.envs.base import unknown_choice
-from engine.envs.registry import ENV_NAMES, SPLIT_ENVS
-from engine.envs.split import MAX_EVAL_FRACTION
+from engine.config.base import ConfigError, Probability, Strict, apply_overrides, format_errors
+from engine.config.resources import GPU_KINDS, GPU_ROLES, PoolConfig, PoolKind, ResourcesConfig, RoleConfig
+from engine.config.tasks import TaskConfig
 from engine.precision import Precision
-from engine.types import Profile
 
-PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
-GPU_KINDS = ("gpu-compute", "gpu-bandwidth")  # pools whose workers Ray gives GPUs, where it has them
+__all__ = [
+    "GPU_KINDS",
+    "GPU_ROLES",
+    "BackendsConfig",
+    "ConfigError",
+    "ExperimentConfig",
+    "FaultsConfig",
+    "ModelConfig",
+    "PoolConfig",
+    "PoolKind",
+    "ResourcesConfig",
+    "RoleConfig",
+    "RolloutConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "load_config",
+]
+
 Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used. `problems` holds one `path: message` line per problem."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     path: str | None = Field(
         None,
         description="HF model directory or a locally cached hub id; None = build one with `init_size`",
@@ -67,76 +70,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class TaskConfig(_Strict):
-    name: str = ""  # label in metrics; defaults to env (+ a distinguishing arg)
-    env: str
-    env_args: dict[str, Any] = Field(default_factory=dict)
-    weight: float = Field(1.0, gt=0)
-    group_size: int = Field(8, ge=2, description="G: GRPO group size")
-    max_turns: int = Field(10, ge=1)
-    max_tokens: int = Field(16, ge=1, description="generation budget per turn")
-    profile: Profile = Profile.PREFILL_HEAVY
-    response_prefix: str = Field(
-        "",
-        description="text each reply starts with, prefilled into the prompt (e.g. '<answer>'); the env "
-        "scores prefix + generated text, and only the generated tokens are trained",
-    )
-    eval_problems: int = Field(
-        0, ge=0, description="distinct held-out problems (maps) evaluated; 0 = no evaluation of this task"
-    )
-    eval_fraction: float | None = Field(
-        None,
-        gt=0,
-        le=MAX_EVAL_FRACTION,
-        description="share of the problem space held out by text (default 0.2 when eval_problems > 0)",
-    )
-    eval_temperature: float = Field(
-        0.0, ge=0, description="0: greedy evaluation; > 0: sampled, the policy's own success rate"
-    )
-    eval_samples: int = Field(1, ge=1, description="episodes per held-out problem (a sampled evaluation)")
-
-    @field_validator("env")
-    @classmethod
-    def _known_env(cls, v: str) -> str:
-        if v not in ENV_NAMES:
-            raise unknown_choice("environment", v, ENV_NAMES)
-        return v
-
-    @model_validator(mode="after")
-    def _eval_split(self) -> TaskConfig:
-        if self.eval_samples > 1 and self.eval_temperature == 0:
-            raise ValueError(
-                "eval_samples: greedy evaluation plays each problem one way; set eval_temperature"
-            )
-        if self.eval_problems == 0:
-            unused = [
-                k for k in ("eval_fraction", "eval_temperature", "eval_samples") if k in self.model_fields_set
-            ]
-            if unused:
-                raise ValueError(f"{unused[0]}: set eval_problems too (nothing is evaluated without it)")
-            return self
-        if self.env not in SPLIT_ENVS:
-            raise ValueError(
-                f"eval_problems: env {self.env!r} has no held-out split; "
-                f"tasks with one: {', '.join(SPLIT_ENVS)}"
-            )
-        if self.env == "frozenlake" and not self.env_args.get("random_map"):
-            raise ValueError(
-                "eval_problems: FrozenLake needs env_args.random_map: true (one fixed map is one problem)"
-            )
-        if self.eval_fraction is None:
-            self.eval_fraction = 0.2
-        return self
-
-    @model_validator(mode="after")
-    def _default_name(self) -> TaskConfig:
-        if not self.name:
-            arg = self.env_args.get("dataset") or self.env_args.get("game_id")
-            self.name = f"{self.env}/{arg}" if arg else self.env
-        return self
-
-
-class RolloutConfig(_Strict):
+class RolloutConfig(Strict):
     concurrency: int = Field(32, ge=1, description="E: environments kept busy at once")
     redundancy: int = Field(0, ge=0, description="r: extra members started per GRPO group")
     granularity: Literal["trajectory", "batch"] = "trajectory"
@@ -154,7 +88,7 @@ class RolloutConfig(_Strict):
     )
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     steps: int = Field(20, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(0, ge=0, description="linear lr warm-up over the first steps")
@@ -216,91 +150,7 @@ class TrainConfig(_Strict):
 _FIXED_ALPHA = {"sync": 0, "sync+": 0, "one-off": 1}
 
 
-class PoolConfig(_Strict):
-    name: str
-    kind: PoolKind
-    capacity: int = Field(1, ge=0, description="units (GPUs, CPU slots, serverless concurrency)")
-    device: str | None = Field(None, description="device profile for modelled backends, e.g. H800")
-    cores: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None,
-        description="CPU cores (Linux ids) the pool's workers run on, and their torch threads by default: "
-        "roles in pools with different cores never share one (a CPU machine split as GPU pools are)",
-    )
-
-    @field_validator("cores")
-    @classmethod
-    def _distinct_cores(cls, cores: list[int] | None) -> list[int] | None:
-        if cores is not None and (not cores or len(set(cores)) != len(cores)):
-            raise ValueError(f"cores must list distinct core ids, at least one; got {cores}")
-        return cores
-
-
-GPU_ROLES = ("actor_train", "actor_gen")  # the roles Ray places on GPUs (engine/core/cluster.py)
-
-
-class RoleConfig(_Strict):
-    count: int = Field(1, ge=0)
-    pool: str = Field(description="preferred pool name")
-    units: int = Field(1, ge=1, description="pool units per worker")
-    gpus: float | None = Field(
-        None,
-        gt=0,
-        description="GPUs each worker asks Ray for where the cluster has GPUs; None = one per unit of its "
-        "gpu-* pool. A fraction colocates: roles whose fractions sum to at most 1 share one GPU "
-        "(e.g. trainer and generation at 0.5 each, in a pool with a unit for each)",
-    )
-
-    @field_validator("gpus")
-    @classmethod
-    def _whole_above_one(cls, gpus: float | None) -> float | None:
-        if gpus is not None and gpus > 1 and not gpus.is_integer():
-            raise ValueError(f"gpus above 1 must be whole (Ray shares a GPU only below 1); got {gpus}")
-        return gpus
-
-    threads: int = Field(
-        0,
-        ge=0,
-        description="CPU threads of each worker's torch compute; 0 = every core in the sync modes (roles "
-        "take turns), half of them in the others (training and generation run at once)",
-    )
-
-
-class ResourcesConfig(_Strict):
-    pools: list[PoolConfig] = Field(
-        default_factory=lambda: [
-            PoolConfig(name="compute", kind="gpu-compute", capacity=1),
-            PoolConfig(name="bandwidth", kind="gpu-bandwidth", capacity=1),
-            PoolConfig(name="cpu", kind="cpu", capacity=8),
-            PoolConfig(name="serverless", kind="serverless", capacity=4),
-        ]
-    )
-    roles: dict[Literal["actor_train", "actor_gen", "reward", "environment"], RoleConfig] = Field(
-        default_factory=lambda: {
-            "actor_train": RoleConfig(pool="compute"),
-            "actor_gen": RoleConfig(pool="bandwidth"),
-            "reward": RoleConfig(pool="cpu"),
-        }
-    )
-
-    @model_validator(mode="after")
-    def _roles_name_pools(self) -> ResourcesConfig:
-        names = [p.name for p in self.pools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate pool names: {', '.join(dupes)}")
-        for role, rc in self.roles.items():
-            if rc.pool not in names:
-                raise ValueError(f"roles.{role}.pool: unknown pool '{rc.pool}'; pools: {', '.join(names)}")
-            kind = next(p.kind for p in self.pools if p.name == rc.pool)
-            if rc.gpus is not None and (role not in GPU_ROLES or kind not in GPU_KINDS):
-                raise ValueError(
-                    f"roles.{role}.gpus: only {' and '.join(GPU_ROLES)} in a gpu-* pool take GPUs "
-                    f"(pool '{rc.pool}' is {kind})"
-                )
-        return self
-
-
-class BackendsConfig(_Strict):
+class BackendsConfig(Strict):
     generation: Literal["vllm", "hf", "modelled"] = "vllm"
     training: Literal["torch", "megatron"] = "torch"
     tensor_parallel: int = Field(
@@ -336,10 +186,7 @@ class BackendsConfig(_Strict):
         return self
 
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-
-
-class FaultsConfig(_Strict):
+class FaultsConfig(Strict):
     """Fault injection for tests and benchmarks (engine/faults.py); everything is off by default."""
 
     seed: int = Field(0, description="faults are drawn from RNGs seeded by this (env i: seed/i)")
@@ -367,7 +214,7 @@ class FaultsConfig(_Strict):
         return self.trainer_error_at_step is not None and self.trainer_error_times > 0
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(Strict):
     name: str = Field("rollart", pattern=r"^[A-Za-z0-9_.-]+$")
     run_root: str = "runs"
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -396,6 +243,23 @@ class ExperimentConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _judges_fit_the_reward_pool(self) -> ExperimentConfig:
+        role = self.resources.roles.get("reward")
+        judged = [t for t in self.tasks if t.reward.kind == "llm-judge"]
+        if not judged:
+            return self
+        if role is None:
+            raise ValueError("resources.roles.reward: an llm-judge reward runs on the reward role's pool")
+        pool = next(p for p in self.resources.pools if p.name == role.pool)
+        need = sum(t.reward.max_replicas for t in judged) * role.units
+        if need > pool.capacity:
+            raise ValueError(
+                f"tasks: the judges' max_replicas need {need} units of pool '{pool.name}' "
+                f"(resources.roles.reward), which has {pool.capacity}"
+            )
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.run_root) / self.name
@@ -406,51 +270,6 @@ class ExperimentConfig(_Strict):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def format_errors(err: ValidationError) -> list[str]:
-    """One `field.path: message` line per problem (model-level problems carry their own path)."""
-    lines = []
-    for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{_path(e['loc'])}: {msg}" if e["loc"] else msg)
-    return lines
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b=c` / `tasks.0.weight=2` overrides; values are parsed as YAML scalars or lists."""
-    data = copy.deepcopy(data)
-    problems = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            problems.append(f"--set {item}: expected KEY=VALUE, e.g. train.lr=1e-4")
-            continue
-        node: Any = data
-        parts = key.split(".")
-        try:
-            for part in parts[:-1]:
-                node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-            last = parts[-1]
-            value = yaml.safe_load(raw) if raw else ""
-            if isinstance(node, list):
-                node[int(last)] = value
-            elif isinstance(node, dict):
-                node[last] = value
-            else:
-                raise TypeError
-        except (ValueError, IndexError, TypeError, KeyError, yaml.YAMLError):
-            problems.append(f"{key}: cannot set this path (no such list item or not a mapping)")
-    if problems:
-        raise ConfigError(problems)
-    return data
 
 
 def load_config(
