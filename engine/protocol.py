@@ -81,12 +81,16 @@ class IterationProtocol:
         return version
 
     async def _publish_and_prefetch(self) -> dict[str, float]:
-        """Workers start pulling the trainer's version first, so each bucket is read as soon as it lands."""
+        """Workers start pulling the trainer's version as it is published, so each bucket is read as soon as
+        it lands. The publish does not wait for the prefetch calls: one to a worker Ray is restarting (or
+        cannot place again) waits up to `restart_wait_s`, and the other workers' pulls, already polling
+        for the version, would time out meanwhile."""
         if not self.c.weights_via_store:
             return {}
         version = await acall(self.c.trainer, "version")
-        await self._each_worker("prefetch", version)
-        pub = await acall(self.c.trainer, "publish")
+        _, pub = await asyncio.gather(
+            self._each_worker("prefetch", version), acall(self.c.trainer, "publish")
+        )
         return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
 
     async def _apply(self, version: int) -> dict[str, float]:

@@ -4,10 +4,14 @@ each offering the pools `rollart node start --pool ...` declares (`engine/core/n
 
 Asserted: a pool no node offers is refused before anything starts, naming it; each role's workers run
 on the node offering its pool and the run's control plane beside its driver; the weights reach the
-generation nodes through Mooncake.
+generation nodes through Mooncake; a generation node lost mid-run is survived: its worker is left out and
+counted, its requests are served by the other node, every step trains whole groups.
 """
 
 import asyncio
+import contextlib
+import os
+import signal
 
 import pytest
 import ray
@@ -93,3 +97,55 @@ def test_roles_run_on_their_pools_nodes_and_weights_reach_them_through_mooncake(
         assert unended(stats["counts"]) == 0 and stats["counts"]["trajectories_started"] > 0  # nothing lost
     finally:
         exp.teardown()
+
+
+def test_a_generation_node_lost_mid_run_is_left_out_counted_and_nothing_is_lost(
+    cluster, tmp_path, monkeypatch
+):
+    """gen-b's raylet dies (not gracefully) after step 1 while rollout goes on (rollart mode): its worker
+    cannot be placed again (no other node offers its pool), so after `worker_restart_wait_s` the weight
+    updates leave it out; its in-flight requests are retried on gen-a, and steps 2 and 3 train on v1 and
+    v2 pulled through Mooncake by gen-a alone. The node is added back for the tests after this one."""
+    c, ids, nodes = cluster
+    monkeypatch.setenv("RAY_ADDRESS", c.address)
+    cfg = tiny_config(tmp_path, "nodekill", rollout={"worker_restart_wait_s": 5.0})
+    cfg["backends"]["weight_store"] = "mooncake"
+    exp = Experiment(load_config(data=cfg))
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        exp.start_actors()
+        pings = {w.actor: ray.get(w.actor.ping.remote()) for w in exp.clusters["gen"].workers}
+        survivor = next(a for a, p in pings.items() if p["node_id"] == ids["gen-a"])
+        (lost_pid,) = (p["pid"] for p in pings.values() if p["node_id"] == ids["gen-b"])
+        proto = exp.protocol()
+
+        async def run() -> list[dict]:
+            await proto.start()
+            first = await proto.step()
+            # the machine dies: its raylet and, with it, the worker process (which would otherwise go on
+            # answering direct actor calls until it notices its raylet is gone)
+            c.remove_node(nodes["gen-b"], allow_graceful=False)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(lost_pid, signal.SIGKILL)
+            return [first] + [await proto.step() for _ in range(2)]
+
+        metrics = asyncio.run(run())
+        ray.get(exp.rollout.stop.remote())
+        stats = ray.get(exp.rollout.stats.remote())
+        proxy = ray.get(exp.proxy.summary.remote())
+        survivor_version = ray.get(survivor.version.remote())
+    finally:
+        exp.teardown()
+        nodes["gen-b"] = c.add_node(
+            num_cpus=1, resources=parse_pools(POOLS["gen-b"]), include_dashboard=False
+        )
+        c.wait_for_nodes()
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    assert all(m["groups"] == 2 and m["trajectories"] == 2 * G for m in metrics)  # whole groups only
+    assert all(m["staleness_max"] <= 1 for m in metrics)  # rollart's bound (alpha 1) through the loss
+    assert [m["gen_workers_unavailable"] for m in metrics] == [0, 1, 1]  # counted from the step it was lost
+    assert survivor_version == 2 and metrics[-1]["pull_s"] > 0  # pulled through Mooncake
+    assert len(proxy["worker_failures"]) == 1  # the lost worker's requests failed over to the survivor
+    assert unended(stats["counts"]) == 0 and stats["counts"]["trajectories_started"] > 0  # nothing lost
