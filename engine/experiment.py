@@ -37,10 +37,10 @@ from infra.local_ray import init_local_ray
 from infra.metadata import MetadataStore
 
 GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
-# The run's processes: Mooncake advertises its loopback address, no usage reporting, and Mooncake's glog
-# and vLLM's INFO lines (dozens per worker) stay out of the user's terminal; warnings and errors show.
+# The run's processes: no usage reporting, and Mooncake's glog and vLLM's INFO lines (dozens per worker)
+# stay out of the user's terminal; warnings and errors show. (Each Mooncake client advertises its own node's
+# address: infra/weightstore/mooncake.py.)
 WORKER_ENV = {
-    "MC_TCP_BIND_ADDRESS": "127.0.0.1",
     "RAY_USAGE_STATS_ENABLED": "0",
     "GLOG_minloglevel": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
@@ -176,7 +176,7 @@ class Experiment:
             from infra.weightstore.mooncake_master import MooncakeMaster
 
             os.environ.update(WORKER_ENV)
-            self._master = MooncakeMaster(log_dir=self.run_dir / "mooncake")
+            self._master = MooncakeMaster(host=self.cfg.network.host, log_dir=self.run_dir / "mooncake")
             self._master.start()
             self.store_spec = {
                 "kind": "mooncake",
@@ -208,6 +208,7 @@ class Experiment:
                 judged,
                 prefix=self.namespace,
                 policy_dir=self.model_dir or self.prepare_model(),
+                host=self.cfg.network.host,
                 replica_options={"num_cpus": 0, "resources": {ray_resource(role.pool): role.units}},
             )
         return {

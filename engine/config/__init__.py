@@ -13,7 +13,15 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from engine.config.base import ConfigError, Probability, Strict, apply_overrides, format_errors
-from engine.config.resources import GPU_KINDS, GPU_ROLES, PoolConfig, PoolKind, ResourcesConfig, RoleConfig
+from engine.config.resources import (
+    GPU_KINDS,
+    GPU_ROLES,
+    NetworkConfig,
+    PoolConfig,
+    PoolKind,
+    ResourcesConfig,
+    RoleConfig,
+)
 from engine.config.tasks import TaskConfig
 from engine.precision import Precision
 
@@ -25,6 +33,7 @@ __all__ = [
     "ExperimentConfig",
     "FaultsConfig",
     "ModelConfig",
+    "NetworkConfig",
     "PoolConfig",
     "PoolKind",
     "ResourcesConfig",
@@ -222,6 +231,7 @@ class ExperimentConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
     backends: BackendsConfig = Field(default_factory=BackendsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
 

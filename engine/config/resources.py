@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -94,3 +95,22 @@ class ResourcesConfig(Strict):
                     f"(pool '{rc.pool}' is {kind})"
                 )
         return self
+
+
+class NetworkConfig(Strict):
+    """Where the services of a run that other machines reach listen: the Mooncake master and its metadata
+    server, Ray Serve's HTTP proxy (the judge endpoints). Loopback by default; on a multi-machine cluster the
+    driver machine's address on a private interface (the README says how each service is guarded)."""
+
+    host: str = Field("127.0.0.1", description="an IP address of the driver's machine (not 0.0.0.0)")
+
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str) -> str:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"host must be an IP address of this machine, got {host!r}") from None
+        if address.is_unspecified:
+            raise ValueError(f"host {host}: name the interface's own address, not every interface")
+        return host

@@ -44,10 +44,16 @@ def judge_model_dir(model: str, policy_dir: str) -> str:
 
 
 def deploy_judges(
-    tasks: Sequence[TaskConfig], *, prefix: str, policy_dir: str, replica_options: Mapping[str, Any]
+    tasks: Sequence[TaskConfig],
+    *,
+    prefix: str,
+    policy_dir: str,
+    host: str,
+    replica_options: Mapping[str, Any],
 ) -> dict[str, JudgeEndpoint]:
-    """Deploy a judge endpoint for every task whose `reward.kind` is llm-judge; on Serve's proxy (Ray must be
-    up). App names and routes start with `prefix`, so runs sharing a Ray cluster do not collide."""
+    """Deploy a judge endpoint for every task whose `reward.kind` is llm-judge; on Serve's proxy at `host`
+    (Ray must be up). App names and routes start with `prefix`, so runs sharing a Ray cluster do not
+    collide."""
     out: dict[str, JudgeEndpoint] = {}
     try:
         for i, task in enumerate(tasks):
@@ -64,6 +70,7 @@ def deploy_judges(
                 route_prefix=f"/{prefix}/judge/{i}",
                 max_replicas=r.max_replicas,
                 idle_s=r.idle_s,
+                host=host,
                 ray_actor_options=replica_options,
             )
             out[task.name] = JudgeEndpoint(task.name, app, url, model_dir, token)

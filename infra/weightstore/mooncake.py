@@ -13,7 +13,7 @@ Things to know (measured on mooncake 0.3.13):
 - Values are hard-pinned, so the master never evicts a weight bucket to make room for another.
 - A read holds a lease (master flag `default_kv_lease_ttl`) that must outlast the slowest read, and
   blocks a plain remove; `delete` forces removal, so only delete versions nobody reads anymore.
-- `MC_TCP_BIND_ADDRESS` picks the address a client advertises to peers (127.0.0.1 for one machine).
+- `MC_TCP_BIND_ADDRESS` picks the address a client advertises to peers (its node's address here).
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
             os.close(saved)
 
 
+def node_address() -> str:
+    """This process's node address as Ray knows it (each machine's own in a cluster), else loopback."""
+    ray = sys.modules.get("ray")  # not imported here: a process outside Ray stays without it
+    if ray is not None and ray.is_initialized():
+        return str(ray.util.get_node_ip_address())
+    return "127.0.0.1"
+
+
 class MooncakeStore(WeightStore):
     """One Mooncake client: contributes `segment_bytes` to the shared pool and reads/writes values."""
 
@@ -103,15 +111,20 @@ class MooncakeStore(WeightStore):
         master_addr: str,
         metadata_url: str,
         *,
-        local_hostname: str = "127.0.0.1",
+        local_hostname: str | None = None,
         segment_bytes: int = 1 << 30,
         buffer_bytes: int = 16 << 20,
         protocol: str = "tcp",
         device: str = "",
         log_dir: str | None = None,
     ) -> None:
-        """`log_dir`: the client's start-up log (glog writes a dozen INFO lines to stderr before its
-        logging is initialised, whatever GLOG_minloglevel says) goes to `log_dir/client-<pid>.log`."""
+        """`local_hostname`: the address peers reach this client's transfer engine at (default: this node's
+        address as Ray knows it, 127.0.0.1 on a single-machine Ray or outside Ray; also what it advertises
+        unless `MC_TCP_BIND_ADDRESS` says otherwise). `log_dir`: the client's start-up log (glog writes a
+        dozen INFO lines to stderr before its logging is initialised, whatever GLOG_minloglevel says) goes
+        to `log_dir/client-<pid>.log`."""
+        local_hostname = local_hostname or node_address()
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
         if segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be >= {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
         self._store = MooncakeDistributedStore()

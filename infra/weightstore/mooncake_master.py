@@ -1,9 +1,10 @@
-"""Run a local Mooncake master (plus its HTTP metadata server) as subprocesses on 127.0.0.1.
+"""Run a Mooncake master (plus its HTTP metadata server) as subprocesses on one address (127.0.0.1 unless
+told otherwise: a multi-machine run names the driver machine's private address).
 
 Why two processes: in mooncake-transfer-engine 0.3.13 the master's built-in metadata server
 (`--enable_http_metadata_server`) ignores `--http_metadata_server_host` and listens on 0.0.0.0. The
-package's own Python metadata server binds to the host it is given, so we run that on loopback and
-keep every listener of the master (`--rpc_address`, `--metrics_host`) on loopback too.
+package's own Python metadata server binds to the host it is given, so we run that on `host` and keep
+every listener of the master (`--rpc_address`, `--metrics_host`) on `host` too.
 """
 
 from __future__ import annotations
@@ -16,18 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-HOST = "127.0.0.1"
 
-
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def _listening(port: int) -> bool:
+def _listening(host: str, port: int) -> bool:
     try:
-        socket.create_connection((HOST, port), timeout=0.2).close()
+        socket.create_connection((host, port), timeout=0.2).close()
     except OSError:
         return False
     return True
@@ -57,8 +56,14 @@ class MooncakeMaster:
     """
 
     def __init__(
-        self, *, lease_ttl_ms: int = 20_000, log_dir: Path | None = None, startup_timeout_s: float = 30.0
+        self,
+        *,
+        host: str = "127.0.0.1",
+        lease_ttl_ms: int = 20_000,
+        log_dir: Path | None = None,
+        startup_timeout_s: float = 30.0,
     ) -> None:
+        self.host = host
         self.lease_ttl_ms = lease_ttl_ms
         self.startup_timeout_s = startup_timeout_s
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="mooncake-master-"))
@@ -67,11 +72,11 @@ class MooncakeMaster:
 
     @property
     def master_addr(self) -> str:
-        return f"{HOST}:{self.rpc_port}"
+        return f"{self.host}:{self.rpc_port}"
 
     @property
     def metadata_url(self) -> str:
-        return f"http://{HOST}:{self.metadata_port}/metadata"
+        return f"http://{self.host}:{self.metadata_port}/metadata"
 
     @property
     def pids(self) -> list[int]:
@@ -80,18 +85,18 @@ class MooncakeMaster:
     def start(self) -> MooncakeMaster:
         if self._procs:
             raise RuntimeError(f"Mooncake master already running (pids {self.pids})")
-        self.rpc_port, self.metadata_port, metrics_port = _free_port(), _free_port(), _free_port()
+        self.rpc_port, self.metadata_port, metrics_port = (_free_port(self.host) for _ in range(3))
         master = [
             str(find_master_binary()),
-            f"--rpc_address={HOST}",
+            f"--rpc_address={self.host}",
             f"--rpc_port={self.rpc_port}",
-            f"--metrics_host={HOST}",
+            f"--metrics_host={self.host}",
             f"--metrics_port={metrics_port}",
             "--enable_metric_reporting=false",
             f"--default_kv_lease_ttl={self.lease_ttl_ms}",
             "--logtostderr",
         ]
-        metadata = [sys.executable, "-m", "mooncake.http_metadata_server", "--host", HOST]
+        metadata = [sys.executable, "-m", "mooncake.http_metadata_server", "--host", self.host]
         metadata += ["--port", str(self.metadata_port), "--log-level", "WARNING"]
         try:
             for name, cmd, port in (
@@ -112,15 +117,15 @@ class MooncakeMaster:
 
     def _wait_listening(self, name: str, proc: subprocess.Popen[bytes], port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        while not _listening(port):
+        while not _listening(self.host, port):
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"Mooncake {name} exited with code {proc.returncode}\n{self._log_tail(name)}"
                 )
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"Mooncake {name} not listening on {HOST}:{port} after {self.startup_timeout_s:.0f} s\n"
-                    + self._log_tail(name)
+                    f"Mooncake {name} not listening on {self.host}:{port} "
+                    f"after {self.startup_timeout_s:.0f} s\n" + self._log_tail(name)
                 )
             time.sleep(0.05)
 

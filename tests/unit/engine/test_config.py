@@ -196,9 +196,22 @@ def test_a_judge_reward_names_its_model_and_rule_rewards_take_no_judge_fields():
         ("tasks.0.reward={kind: judge}", "tasks[0].reward.kind: Input should be 'rule' or 'llm-judge'"),
         (
             "tasks.0.reward={kind: llm-judge, model: policy, max_replicas: 9}",
-            "tasks: the judges' max_replicas need 9 units of pool 'cpu' (resources.roles.reward), which has 8",
+            "tasks: the judges' max_replicas need 9 units of pool 'cpu' (resources.roles.reward), "
+            "which has 8",
         ),
     ]:
         with pytest.raises(ConfigError) as e:
             load_config(FROZENLAKE, [override])
         assert e.value.problems[0].startswith(problem), e.value.problems
+
+
+def test_network_host_is_an_address_of_one_interface():
+    assert load_config(FROZENLAKE).network.host == "127.0.0.1"  # loopback unless told
+    assert load_config(FROZENLAKE, ["network.host=10.0.0.5"]).network.host == "10.0.0.5"
+    for host, problem in [
+        ("0.0.0.0", "network.host: host 0.0.0.0: name the interface's own address, not every interface"),
+        ("driver-1", "network.host: host must be an IP address of this machine, got 'driver-1'"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load_config(FROZENLAKE, [f"network.host={host}"])
+        assert e.value.problems == [problem]

@@ -5,6 +5,7 @@ import asyncio
 import functools
 import time
 
+import httpx
 import pytest
 import ray
 from ray import serve
@@ -19,6 +20,10 @@ from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient
 from tasks.setup import deploy_reward
 from tests.integration.runs import G, ray_for, tiny_config
+
+# Serve's HTTP proxy on another loopback address, as a run's `network.host` would put it on a private
+# interface: the test stays on loopback and still tells the configured host from the default one
+HOST = "127.0.0.2"
 
 pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 
@@ -42,6 +47,7 @@ def judge_endpoint(tmp_path_factory):
                 token=token,
                 route_prefix="/judge",
                 idle_s=60,
+                host=HOST,
             )
             yield model_dir, url, token
             undeploy("judge")
@@ -75,6 +81,10 @@ async def test_judge_error_is_retried_then_marks_the_trajectory_failed(judge_end
     assert "has no turns to judge" in t.failure
 
 
+def _untokened_status(url: str) -> int:
+    return httpx.post(url, json={"args": [{}], "kwargs": {}}, timeout=60).status_code
+
+
 def _scaled_to_zero(endpoint, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while endpoint.replicas():
@@ -96,17 +106,16 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
         tmp_path, "judged", train={"mode": "sync+", "alpha": 0}, rollout={"reward_timeout_s": 60.0}
     )
     cfg["tasks"][0]["reward"] = {"kind": "llm-judge", "model": "policy", "idle_s": 1.0}
+    cfg["network"] = {"host": HOST}
     exp = Experiment(load_config(data=cfg))
-    up, zero_before_wave = [], []
+    up, zero_before_wave, refused = [], [], []
     try:
         exp.provision()
         exp.prepare_model()
         report = deploy_reward.fn(exp)  # the flow's task: its result names the endpoint
         (task,) = report["endpoints"]
         endpoint = exp.judges[task]
-        assert report["endpoints"][task]["url"] == endpoint.url and endpoint.url.startswith(
-            "http://127.0.0.1:"
-        )
+        assert report["endpoints"][task]["url"] == endpoint.url and endpoint.url.startswith(f"http://{HOST}:")
         assert report["endpoints"][task]["replicas"] == 0 and report["scoring"][task].endswith(endpoint.url)
         exp.start_weight_store()
         exp.start_actors()
@@ -118,6 +127,8 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
             out = await fn()
             if name == "get_batch":  # the batch's last trajectory was just scored
                 up.append(endpoint.replicas())
+                if not refused:  # a warm replica: a call without the run's token
+                    refused.append(await asyncio.to_thread(_untokened_status, endpoint.url))
             return out
 
         async def run():
@@ -129,6 +140,7 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
         app = endpoint.app
     finally:
         exp.teardown()
+    assert refused == [401]  # the endpoint takes only calls with the run's token
     assert [m["version"] for m in metrics] == [1, 2, 3]
     assert [m["reward_mean"] for m in metrics] == [0.0, 0.0, 0.0]  # the judge's verdicts, not the env's 1.0
     assert stats["reward"]["scored"] >= 3 * 2 * G and "failed" not in stats["reward"]

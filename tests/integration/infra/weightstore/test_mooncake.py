@@ -90,8 +90,11 @@ def test_store_semantics_and_errors(master: MooncakeMaster) -> None:
     store.close()
 
 
-def test_master_listens_on_loopback_only_and_stops(tmp_path: Path) -> None:
-    with MooncakeMaster(log_dir=tmp_path) as m:
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])
+def test_master_listens_on_its_host_only_serves_clients_there_and_stops(tmp_path: Path, host: str) -> None:
+    """127.0.0.2 stands for a machine's private address (`network.host`): another address of loopback, so
+    the test stays on loopback and still tells the configured host from the default."""
+    with MooncakeMaster(host=host, log_dir=tmp_path) as m:
         pids = m.pids
         listening = [
             c.laddr.ip
@@ -99,8 +102,13 @@ def test_master_listens_on_loopback_only_and_stops(tmp_path: Path) -> None:
             for c in psutil.Process(pid).net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN
         ]
+        assert m.master_addr.startswith(f"{host}:") and m.metadata_url.startswith(f"http://{host}:")
+        store = client(m)
+        store.put("k", b"v" * 1024)
+        assert bytes(store.get("k")) == b"v" * 1024
+        store.close()
     assert len(pids) == 2 and len(listening) >= 3  # rpc, metrics, metadata
-    assert set(listening) == {"127.0.0.1"}
+    assert set(listening) == {host}
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
