@@ -237,10 +237,10 @@ async def _score(paths: list[str], s: Settings) -> dict[str, float]:
     """Held-out exact success of each weights directory, by one greedy HF engine per directory."""
     from transformers import AutoTokenizer
 
+    from engine.actor_args import task_specs
     from engine.backends import make_backend
     from engine.config import load_config
     from engine.evaluate import evaluate
-    from engine.experiment import task_specs
     from engine.rollout.chat import ChatFormat
 
     cfg = load_config(Path(s.config), [*s.overrides, f"tasks.0.eval_problems={s.eval_problems}"])

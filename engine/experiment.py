@@ -18,6 +18,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from engine.actor_args import store_bytes, task_specs, threads
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
 from engine.core.handles import RankGroup
@@ -26,14 +27,13 @@ from engine.core.resources import ResourceManager, ray_resource
 from engine.envs.base import Env
 from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
-from engine.rollout.env_manager import TurnLimits
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.rollout.reward import RewardScorer, ScoreFn, env_return
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import RolloutService, default_env_factory
 from engine.train.train_worker import TrainWorker
-from infra.local_ray import init_local_ray
+from infra.local_ray import init_local_ray, node_address
 from infra.metadata import MetadataStore
 
 GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
@@ -45,48 +45,6 @@ WORKER_ENV = {
     "GLOG_minloglevel": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
-
-
-def store_bytes(model_dir: Path, versions: int = 3) -> int:
-    """Room for `versions` copies of the model's weights (their safetensors size), at least 256 MiB."""
-    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return max(256 << 20, versions * weights + (64 << 20))
-
-
-def threads(n: int, mode: str, pool_cores: list[int] | None = None) -> int:
-    """A role's CPU threads: `n`, else one per core of its pool where the pool lists them, else every
-    core of this machine where training and generation take turns (sync, sync+), half of them where they
-    run at once (each busy role spinning on every core made a 1.2M-parameter train step 3x slower on 2
-    cores than one thread each)."""
-    if n or pool_cores:
-        return n or len(pool_cores or [])
-    cores = os.cpu_count() or 1
-    return cores if mode in ("sync", "sync+") else max(1, cores // 2)
-
-
-def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
-    return [
-        TaskSpec(
-            t.name,
-            t.env,
-            {**t.env_args, "eval_fraction": t.eval_fraction} if t.eval_problems else dict(t.env_args),
-            t.weight,
-            t.group_size,
-            TurnLimits(
-                t.max_turns,
-                t.max_tokens,
-                cfg.model.max_context,
-                cfg.rollout.temperature,
-                cfg.rollout.env_timeout_s,
-                t.response_prefix,
-            ),
-            t.profile.value,
-            t.eval_problems,
-            t.eval_temperature,
-            t.eval_samples,
-        )
-        for t in cfg.tasks
-    ]
 
 
 class Experiment:
@@ -176,7 +134,7 @@ class Experiment:
             from infra.weightstore.mooncake_master import MooncakeMaster
 
             os.environ.update(WORKER_ENV)
-            self._master = MooncakeMaster(host=self.cfg.network.host, log_dir=self.run_dir / "mooncake")
+            self._master = MooncakeMaster(host=self._host(), log_dir=self.run_dir / "mooncake")
             self._master.start()
             self.store_spec = {
                 "kind": "mooncake",
@@ -208,7 +166,7 @@ class Experiment:
                 judged,
                 prefix=self.namespace,
                 policy_dir=self.model_dir or self.prepare_model(),
-                host=self.cfg.network.host,
+                host=self._host(),
                 replica_options={"num_cpus": 0, "resources": {ray_resource(role.pool): role.units}},
             )
         return {
@@ -332,6 +290,11 @@ class Experiment:
         from engine.rollout.judge_endpoints import judge_scores
 
         return judge_scores(self.judges, timeout_s=self.cfg.rollout.reward_timeout_s)
+
+    def _host(self) -> str:
+        """Where the run's reachable services listen (`network.host`; auto: this node's Ray address)."""
+        host = self.cfg.network.host
+        return node_address() if host == "auto" else host
 
     def _threads(self, role: str) -> int:
         rc = self.cfg.resources.roles[role]

@@ -8,6 +8,7 @@ rollart train FILE [--resume]                 train (one Prefect flow run)
 rollart eval FILE [--checkpoint STEP]         score a checkpoint on the held-out problems
 rollart node start --pool NAME[:UNITS] ... [--address HOST:PORT]   this machine joins (or heads) a Ray
     cluster offering those pools; a run joins it through RAY_ADDRESS
+rollart k8s render FILE --out DIR --image IMAGE   the Kubernetes manifests of a run (KubeRay), validated
 """
 
 from __future__ import annotations
@@ -106,6 +107,23 @@ def _node_start(args: argparse.Namespace) -> int:
     return 0 if args.dry_run else subprocess.call(cmd)
 
 
+def _k8s_render(args: argparse.Namespace) -> int:
+    from engine.core.k8s import render, write
+    from engine.core.k8s_schema import K8S_VERSION, validate
+
+    cfg = load_config(args.file, args.set)
+    manifests = render(cfg, image=args.image, namespace=args.namespace, prefect_api_url=args.prefect_api_url)
+    try:
+        validate(manifests)
+    except ValueError as e:
+        print(f"rollart k8s render: {e}", file=sys.stderr)
+        return 2
+    for path in write(manifests, Path(args.out)):
+        print(path)
+    print(f"validated offline against Kubernetes {K8S_VERSION} (and KubeRay's ray.io/v1 RayCluster fields)")
+    return 0
+
+
 def _ui(args: argparse.Namespace) -> int:
     from flows.deploy import ui
 
@@ -185,6 +203,24 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--dry-run", action="store_true", help="print the ray start command, run nothing")
     start.add_argument("ray_args", nargs=argparse.REMAINDER, help="after --: more `ray start` options")
     start.set_defaults(func=_node_start)
+
+    k8s = sub.add_parser("k8s", help="run on Kubernetes").add_subparsers(dest="action", required=True)
+    ren = k8s.add_parser(
+        "render", help="write a run's manifests (RayCluster, Secret, ConfigMap, NetworkPolicy)"
+    )
+    ren.add_argument("file")
+    ren.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
+    )
+    ren.add_argument("--out", required=True, help="directory the YAML files are written to")
+    ren.add_argument("--image", required=True, help="the container image with rollart installed")
+    ren.add_argument("--namespace", default="rollart")
+    ren.add_argument(
+        "--prefect-api-url",
+        default="http://prefect-server.prefect.svc:4200/api",
+        help="the Prefect API the in-cluster worker serves (stored in the Secret)",
+    )
+    ren.set_defaults(func=_k8s_render)
 
     ui = sub.add_parser("ui", help="start a Prefect server (UI) on 127.0.0.1")
     ui.add_argument("--port", type=int, default=4200)

@@ -27,3 +27,10 @@ def init_local_ray(**kwargs: Any) -> Any:
         return ray.init(address="local", **kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def node_address() -> str:
+    """This process's node address as Ray knows it (each machine's own in a cluster), else loopback."""
+    if ray.is_initialized():
+        return str(ray.util.get_node_ip_address())
+    return "127.0.0.1"

@@ -14,9 +14,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from engine.actor_args import task_specs
 from engine.core.handles import acall
 from engine.evaluate import evaluate, majority_baseline
-from engine.experiment import Experiment, task_specs
+from engine.experiment import Experiment
 from engine.models.tokenizer import load_tokenizer
 from engine.protocol import IterationProtocol
 from engine.rollout.chat import ChatFormat

@@ -13,8 +13,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from engine.actor_args import task_specs
 from engine.envs.registry import make_env
-from engine.experiment import Experiment, task_specs
+from engine.experiment import Experiment
 from engine.rollout.scheduler import TaskSpec
 
 

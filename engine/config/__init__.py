@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from engine.config.base import ConfigError, Probability, Strict, apply_overrides, format_errors
+from engine.config.base import ConfigError, Probability, Strict, apply_overrides, format_errors, repeated
 from engine.config.resources import (
     GPU_KINDS,
     GPU_ROLES,
@@ -237,8 +237,7 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> ExperimentConfig:
-        names = [t.name for t in self.tasks]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = repeated([t.name for t in self.tasks])
         if dupes:
             raise ValueError(f"duplicate task names: {', '.join(dupes)} (set tasks[i].name)")
         return self

@@ -24,6 +24,11 @@ class Strict(BaseModel):
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+def repeated(names: list[str]) -> list[str]:
+    """The names that occur more than once, sorted."""
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from engine.config.base import Strict
+from engine.config.base import Strict, repeated
 
 PoolKind = Literal["gpu-compute", "gpu-bandwidth", "cpu", "serverless"]
 GPU_KINDS = ("gpu-compute", "gpu-bandwidth")  # pools whose workers Ray gives GPUs, where it has them
@@ -82,8 +82,7 @@ class ResourcesConfig(Strict):
     @model_validator(mode="after")
     def _roles_name_pools(self) -> ResourcesConfig:
         names = [p.name for p in self.pools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := repeated(names):
             raise ValueError(f"duplicate pool names: {', '.join(dupes)}")
         for role, rc in self.roles.items():
             if rc.pool not in names:
@@ -102,11 +101,17 @@ class NetworkConfig(Strict):
     server, Ray Serve's HTTP proxy (the judge endpoints). Loopback by default; on a multi-machine cluster the
     driver machine's address on a private interface (the README says how each service is guarded)."""
 
-    host: str = Field("127.0.0.1", description="an IP address of the driver's machine (not 0.0.0.0)")
+    host: str = Field(
+        "127.0.0.1",
+        description="an IP address of the driver's machine (not 0.0.0.0), or auto: the driver's node address "
+        "as Ray knows it (a pod's IP on Kubernetes)",
+    )
 
     @field_validator("host")
     @classmethod
     def _an_address(cls, host: str) -> str:
+        if host == "auto":
+            return host
         try:
             address = ipaddress.ip_address(host)
         except ValueError:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
+from infra.local_ray import node_address
 from infra.weightstore.base import Buffer, MissingKeyError, StoreFullError, WeightStore, WeightStoreError
 
 # Names of the master's error codes (mooncake-store/include/types.h) that a client can see.
@@ -93,14 +94,6 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-
-
-def node_address() -> str:
-    """This process's node address as Ray knows it (each machine's own in a cluster), else loopback."""
-    ray = sys.modules.get("ray")  # not imported here: a process outside Ray stays without it
-    if ray is not None and ray.is_initialized():
-        return str(ray.util.get_node_ip_address())
-    return "127.0.0.1"
 
 
 class MooncakeStore(WeightStore):

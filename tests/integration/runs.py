@@ -50,3 +50,11 @@ def ray_for(cfg: dict) -> Iterator[None]:
     finally:
         exp.release_ray()
         exp.store.close()
+
+
+def start(exp: Experiment) -> None:
+    """Everything before the first step, in the order the train flow runs it."""
+    exp.provision()
+    exp.prepare_model()
+    exp.start_weight_store()
+    exp.start_actors()

@@ -12,7 +12,7 @@ import ray
 from engine.config import load_config
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-from tests.integration.runs import G, ray_for, tiny_config
+from tests.integration.runs import G, ray_for, start, tiny_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,13 +20,6 @@ def local_ray(tmp_path_factory):
     """One Ray for the module's runs (the same pools): each run starts and stops its actors on it."""
     with ray_for(tiny_config(tmp_path_factory.mktemp("ray"), "ray")):
         yield
-
-
-def start(exp: Experiment) -> None:
-    exp.provision()
-    exp.prepare_model()
-    exp.start_weight_store()
-    exp.start_actors()
 
 
 def three_steps(exp: Experiment) -> list[dict]:

@@ -22,7 +22,7 @@ from engine.config import load_config
 from engine.core.nodes import parse_pools
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-from tests.integration.runs import G, tiny_config
+from tests.integration.runs import G, start, tiny_config
 
 POOLS = {"head": ["compute:1", "cpu:2"], "gen-a": ["bandwidth:1"], "gen-b": ["bandwidth:1"]}
 
@@ -44,6 +44,14 @@ def cluster():
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+def joined(c: Cluster, monkeypatch, tmp_path, name: str, **sections) -> Experiment:
+    """A run of the test config (weights through Mooncake) that joins the cluster through RAY_ADDRESS."""
+    monkeypatch.setenv("RAY_ADDRESS", c.address)
+    cfg = tiny_config(tmp_path, name, **sections)
+    cfg["backends"]["weight_store"] = "mooncake"
+    return Experiment(load_config(data=cfg))
+
+
 def test_a_pool_no_node_offers_is_refused_naming_it(cluster, tmp_path, monkeypatch):
     c, _, _ = cluster
     monkeypatch.setenv("RAY_ADDRESS", c.address)
@@ -62,15 +70,9 @@ def test_roles_run_on_their_pools_nodes_and_weights_reach_them_through_mooncake(
     cluster, tmp_path, monkeypatch
 ):
     c, ids, _ = cluster
-    monkeypatch.setenv("RAY_ADDRESS", c.address)
-    cfg = tiny_config(tmp_path, "multinode", train={"steps": 2})
-    cfg["backends"]["weight_store"] = "mooncake"
-    exp = Experiment(load_config(data=cfg))
+    exp = joined(c, monkeypatch, tmp_path, "multinode", train={"steps": 2})
     try:
-        exp.provision()
-        exp.prepare_model()
-        exp.start_weight_store()
-        exp.start_actors()
+        start(exp)
         where = {
             name: sorted(ray.get(w.actor.ping.remote())["node_id"] for w in cl.workers)
             for name, cl in exp.clusters.items()
@@ -107,15 +109,9 @@ def test_a_generation_node_lost_mid_run_is_left_out_counted_and_nothing_is_lost(
     updates leave it out; its in-flight requests are retried on gen-a, and steps 2 and 3 train on v1 and
     v2 pulled through Mooncake by gen-a alone. The node is added back for the tests after this one."""
     c, ids, nodes = cluster
-    monkeypatch.setenv("RAY_ADDRESS", c.address)
-    cfg = tiny_config(tmp_path, "nodekill", rollout={"worker_restart_wait_s": 5.0})
-    cfg["backends"]["weight_store"] = "mooncake"
-    exp = Experiment(load_config(data=cfg))
+    exp = joined(c, monkeypatch, tmp_path, "nodekill", rollout={"worker_restart_wait_s": 5.0})
     try:
-        exp.provision()
-        exp.prepare_model()
-        exp.start_weight_store()
-        exp.start_actors()
+        start(exp)
         pings = {w.actor: ray.get(w.actor.ping.remote()) for w in exp.clusters["gen"].workers}
         survivor = next(a for a, p in pings.items() if p["node_id"] == ids["gen-a"])
         (lost_pid,) = (p["pid"] for p in pings.values() if p["node_id"] == ids["gen-b"])

@@ -1,6 +1,6 @@
 import os
 
-from engine.experiment import threads
+from engine.actor_args import threads
 
 
 def test_a_role_gets_the_threads_asked_else_its_pools_cores_else_the_machine_by_mode():
