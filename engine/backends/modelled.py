@@ -41,13 +41,14 @@ import asyncio
 import heapq
 import itertools
 import random
-import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.backends.base import GenerationBackend
+from engine.backends.pacing import Pacer, clock
+from engine.backends.prefix_cache import PrefixCache
 from engine.devices import (
     DeviceProfile,
     ModelProfile,
@@ -95,96 +96,9 @@ class _Counters:
     generated_tokens: int = 0
 
 
-class _PrefixCache:
-    """LRU of the token ids whose KV each trajectory left in the cache, bounded in tokens by the caller."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[str, list[int]] = OrderedDict()
-        self._tokens = 0
-
-    def take(self, trajectory_id: str, prompt: list[int]) -> int:
-        """Prompt tokens already cached: the common prefix with the trajectory's entry, which leaves the
-        cache (its KV is now the running sequence's, stored again when that one leaves)."""
-        cached = self._entries.pop(trajectory_id, None) if trajectory_id else None
-        if cached is None:
-            return 0
-        self._tokens -= len(cached)
-        n = len(cached)
-        if n <= len(prompt) and prompt[:n] == cached:  # the usual case, a grown context: one copy, not two
-            return n
-        n = min(n, len(prompt))
-        if cached[:n] == prompt[:n]:
-            return n
-        return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=False)) if a != b)
-
-    def store(self, trajectory_id: str, ids: list[int], limit: int) -> None:
-        """Keep `ids` as the trajectory's entry, evicting the least recently used to stay within `limit`."""
-        if not trajectory_id:
-            return
-        old = self._entries.pop(trajectory_id, None)
-        self._tokens -= len(old) if old is not None else 0
-        if len(ids) > limit:
-            return
-        self._entries[trajectory_id] = ids
-        self._tokens += len(ids)
-        self.fit(limit)
-
-    def fit(self, limit: int) -> None:
-        """Evict the least recently used entries until at most `limit` tokens stay."""
-        while self._entries and self._tokens > limit:
-            self._tokens -= len(self._entries.popitem(last=False)[1])
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._tokens = 0
-
-
 def _need(seq: ModelledSeq) -> int:
     """KV tokens `seq` holds once admitted: its prompt and every output token it will generate."""
     return len(seq.request.prompt_ids) + seq.target
-
-
-def clock() -> float:
-    """The running event loop's clock, else the monotonic clock it normally reads.
-
-    Every wait and timestamp of the engine goes by the loop's clock, so a loop with a simulated clock
-    (`bench.clock`) runs the same engine in simulated time.
-    """
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return time.monotonic()
-
-
-class Pacer:
-    """Turns modelled seconds into wall-clock waiting, one sleep per `min_sleep_s` owed (module doc)."""
-
-    def __init__(self, time_scale: float, min_sleep_s: float) -> None:
-        self.time_scale = time_scale
-        self.min_sleep_s = min_sleep_s
-        self.debt = 0.0  # wall seconds owed; negative = overslept, credited to the next iterations
-
-    def owe(self, modelled_s: float) -> None:
-        self.debt += modelled_s * self.time_scale
-
-    @property
-    def due(self) -> bool:
-        return self.debt >= self.min_sleep_s and self.debt > 0  # min_sleep_s = 0: sleep after every iteration
-
-    def budget_s(self) -> float:
-        """Modelled seconds that may still run before a sleep is due."""
-        return (self.min_sleep_s - self.debt) / self.time_scale
-
-    async def pay(self) -> None:
-        if self.debt <= 0:
-            await asyncio.sleep(0)  # let arrivals in even when running on credit
-            return
-        t0 = clock()
-        await asyncio.sleep(self.debt)
-        self.debt -= clock() - t0
-
-    def reset(self) -> None:
-        self.debt = 0.0
 
 
 class ModelledBackend(GenerationBackend):
@@ -225,7 +139,7 @@ class ModelledBackend(GenerationBackend):
         self.kv_tokens = kv_capacity_tokens(model, device, tp) if kv_tokens is None else kv_tokens
         self._reserved = 0  # KV tokens the admitted requests hold or will hold: prompts + outputs
         self._holders = 0  # admitted requests, within max_batch
-        self._cache = _PrefixCache() if prefix_cache else None
+        self._cache = PrefixCache() if prefix_cache else None
         self._output_tokens = output_tokens
         self._seed = seed
         self._pacer = Pacer(time_scale, min_sleep_s)

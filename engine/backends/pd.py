@@ -25,7 +25,8 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from engine.backends.modelled import ModelledBackend, ModelledSeq, Pacer, clock
+from engine.backends.modelled import ModelledBackend, ModelledSeq
+from engine.backends.pacing import Pacer, clock
 from engine.devices import DeviceProfile, ModelProfile, attention_pairs, kv_transfer_s, prefill_only_s
 
 NIC_BYTES_PER_S = 400e9 / 8  # one 400 Gb/s RDMA NIC
