@@ -127,7 +127,7 @@ def _k8s_render(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     from flows.deploy import ui
 
-    return ui(args.port)
+    return ui(args.port, args.host)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -222,8 +222,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     ren.set_defaults(func=_k8s_render)
 
-    ui = sub.add_parser("ui", help="start a Prefect server (UI) on 127.0.0.1")
+    ui = sub.add_parser("ui", help="start a Prefect server (UI), on 127.0.0.1 unless --host")
     ui.add_argument("--port", type=int, default=4200)
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="another address requires an auth string (printed at start)"
+    )
     ui.set_defaults(func=_ui)
 
     model = sub.add_parser("model", help="local models").add_subparsers(dest="action", required=True)

@@ -12,8 +12,10 @@ events it matches: `rollart.failures` counts the failed runs since the last comp
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -27,6 +29,7 @@ from uuid import UUID
 from engine.config import load_config
 
 OVERLAP = ("wait", "cancel")
+LOOPBACK = "127.0.0.1"
 
 
 def deployment(
@@ -94,26 +97,36 @@ def _prefect() -> str:
 
 
 def start_server(
-    port: int, log: Path, timeout_s: float = 180.0, env: dict[str, str] | None = None
+    port: int,
+    log: Path,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+    host: str = LOOPBACK,
+    auth: str | None = None,
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """`prefect server start` on 127.0.0.1 in the background (output to `log`, environment `env` or this
-    process's); returns its API URL once it answers, and the process (the caller stops it)."""
+    """`prefect server start` on `host` in the background (output to `log`, environment `env` or this
+    process's); returns its API URL once it answers, and the process (the caller stops it). `auth`
+    ("user:password"): the server refuses every request without it (Prefect's API auth string)."""
+    env = dict(os.environ if env is None else env)
+    if auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            [_prefect(), "server", "start", "--host", host, "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
         )
-    url = f"http://127.0.0.1:{port}/api"
+    url = f"http://{host}:{port}/api"
+    health = urllib.request.Request(f"{url}/health", headers=basic_auth(auth))
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"the Prefect server exited ({proc.returncode}); see {log}")
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                with urllib.request.urlopen(health, timeout=2) as r:
                     if r.status == 200:
                         return url, proc
             except OSError:
@@ -122,6 +135,19 @@ def start_server(
     except BaseException:  # not up in time, or interrupted (SIGTERM, Ctrl-C): nothing left running
         proc.terminate()
         raise
+
+
+def basic_auth(auth: str | None) -> dict[str, str]:
+    """The header a client sends with Prefect's auth string (what `PREFECT_API_AUTH_STRING` makes it send)."""
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+
+
+def server_auth(host: str) -> str | None:
+    """The auth string a server on `host` requires: none on 127.0.0.1, which only this machine reaches;
+    anywhere else `PREFECT_SERVER_API_AUTH_STRING`, or a fresh one."""
+    if host == LOOPBACK:
+        return None
+    return os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or f"rollart:{secrets.token_urlsafe(24)}"
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -167,7 +193,13 @@ def serve_deployment(
             server.wait(timeout=30)
 
 
-def ui(port: int = 4200) -> int:
-    """Start a Prefect server on 127.0.0.1 (foreground) and print its URL."""
-    print(f"Prefect UI: http://127.0.0.1:{port}  (set PREFECT_API_URL=http://127.0.0.1:{port}/api to use it)")
-    return subprocess.call([_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)])
+def ui(port: int = 4200, host: str = LOOPBACK) -> int:
+    """Start a Prefect server on `host` (foreground) and print its URL; off loopback it requires an auth
+    string (`server_auth`), printed once for the clients to set."""
+    auth = server_auth(host)
+    print(f"Prefect UI: http://{host}:{port}  (set PREFECT_API_URL=http://{host}:{port}/api to use it)")
+    env = dict(os.environ)
+    if auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
+        print(f"it requires an auth string: clients set PREFECT_API_AUTH_STRING={auth}")
+    return subprocess.call([_prefect(), "server", "start", "--host", host, "--port", str(port)], env=env)
