@@ -1,7 +1,10 @@
 """A run small enough for a CPU test, shared by the tests that start one on local Ray."""
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import ray
 
 from engine.config import load_config
 from engine.experiment import Experiment
@@ -58,3 +61,16 @@ def start(exp: Experiment) -> None:
     exp.prepare_model()
     exp.start_weight_store()
     exp.start_actors()
+
+
+def steps(exp: Experiment, n: int) -> list[dict]:
+    """`n` training steps, then the rollout stopped: their metrics."""
+    proto = exp.protocol()
+
+    async def run() -> list[dict]:
+        await proto.start()
+        return [await proto.step() for _ in range(n)]
+
+    metrics = asyncio.run(run())
+    ray.get(exp.rollout.stop.remote())
+    return metrics

@@ -4,15 +4,13 @@ The run must finish its steps; every trained group is whole; the killed worker i
 requests it held are served by the other one; every dropped and retried thing is counted.
 """
 
-import asyncio
-
 import pytest
 import ray
 
 from engine.config import load_config
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-from tests.integration.runs import G, ray_for, start, tiny_config
+from tests.integration.runs import G, ray_for, start, steps, tiny_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,19 +18,6 @@ def local_ray(tmp_path_factory):
     """One Ray for the module's runs (the same pools): each run starts and stops its actors on it."""
     with ray_for(tiny_config(tmp_path_factory.mktemp("ray"), "ray")):
         yield
-
-
-def three_steps(exp: Experiment) -> list[dict]:
-    """Three training steps, then the rollout stopped: their metrics."""
-    proto = exp.protocol()
-
-    async def run() -> list[dict]:
-        await proto.start()
-        return [await proto.step() for _ in range(3)]
-
-    metrics = asyncio.run(run())
-    ray.get(exp.rollout.stop.remote())
-    return metrics
 
 
 def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
@@ -48,7 +33,7 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
         start(exp)
         gen0, gen1 = (w.actor for w in exp.clusters["gen"].workers)
         pid0 = ray.get(gen0.ping.remote())["pid"]
-        metrics = three_steps(exp)
+        metrics = steps(exp, 3)
         stats = ray.get(exp.rollout.stats.remote())
         proxy = ray.get(exp.proxy.summary.remote())
 
@@ -88,7 +73,7 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
         start(exp)
         (gen0,) = (w.actor for w in exp.clusters["gen"].workers)
         pid0 = ray.get(gen0.ping.remote())["pid"]
-        metrics = three_steps(exp)
+        metrics = steps(exp, 3)
         proxy = ray.get(exp.proxy.summary.remote())
         assert set(proxy["worker_failures"]) == {"gen-0"} and ray.get(gen0.ping.remote())["pid"] != pid0
         assert [m["version"] for m in metrics] == [1, 2, 3]

@@ -22,7 +22,7 @@ from engine.config import load_config
 from engine.core.nodes import parse_pools
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
-from tests.integration.runs import G, start, tiny_config
+from tests.integration.runs import G, start, steps, tiny_config
 
 POOLS = {"head": ["compute:1", "cpu:2"], "gen-a": ["bandwidth:1"], "gen-b": ["bandwidth:1"]}
 
@@ -81,14 +81,7 @@ def test_roles_run_on_their_pools_nodes_and_weights_reach_them_through_mooncake(
         driver = ray.get_runtime_context().get_node_id()  # the run's control plane runs beside its driver
         node_of = ray.get(exp.rollout.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
         assert node_of == driver == ids["head"]
-        proto = exp.protocol()
-
-        async def run() -> list[dict]:
-            await proto.start()
-            return [await proto.step() for _ in range(2)]
-
-        metrics = asyncio.run(run())
-        ray.get(exp.rollout.stop.remote())
+        metrics = steps(exp, 2)
         stats = ray.get(exp.rollout.stats.remote())
         assert [m["version"] for m in metrics] == [1, 2]
         assert all(m["groups"] == 2 and m["trajectories"] == 2 * G for m in metrics)  # whole groups only
