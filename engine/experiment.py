@@ -1,9 +1,10 @@
 """Experiment: builds one run's long-lived pieces on Ray from an `ExperimentConfig` (the composition root).
 
 Each step is its own method so the Prefect tasks can wrap them one by one (provision, model, weight
-store, actors, checkpoint restore) and retry each on its own. The actors live in a Ray namespace per run
-(`rollout` and `llm-proxy` by name) and die with the driver; a resumed run starts new ones and restores
-their state from the checkpoint.
+store, actors, checkpoint restore) and retry each on its own. Every role's workers are built by a `Cluster`
+where the `ResourceManager` binds them: trainer (`actor_train`), generation (`actor_gen`) and the env loops
+(`environment`); the LLMProxy routes generation between them. The actors live in a Ray namespace per run
+and die with the driver; a resumed run starts new ones and restores their state from the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.rollout.reward import RewardScorer, ScoreFn, env_return
+from engine.rollout.rollout_worker import RolloutWorker
 from engine.rollout.scheduler import TaskSpec
-from engine.rollout.service import RolloutService, default_env_factory
+from engine.rollout.service import default_env_factory
 from engine.train.train_worker import TrainWorker
 from infra.local_ray import init_local_ray, node_address
 from infra.metadata import MetadataStore
@@ -62,7 +64,6 @@ class Experiment:
         self._ray: Any = None  # the context of the Ray this run started or joined (None: Ray was up)
         self.clusters: dict[str, Cluster] = {}
         self.proxy: Any = None
-        self.rollout: Any = None
         self.judges: dict[str, Any] = {}  # task -> its JudgeEndpoint (engine/rollout/judge_endpoints.py)
         self._own_serve = False  # whether this run started Serve (then its teardown stops it)
 
@@ -242,12 +243,15 @@ class Experiment:
             max_restarts=GEN_MAX_RESTARTS,
             wait=False,
         )
+        # generation is routed as `GenerationWorker.generate` declares (`@hw_mapping`): by the request's
+        # workload profile to the pool of the matching kind, by the LLMProxy (sticky per trajectory)
+        tag = self.clusters["gen"].hw_tag("generate")
         slots = [
-            GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency)
+            GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency, pool=w.binding.pool)
             for w in self.clusters["gen"].workers
         ]
-        # the run's control plane lives beside its driver: on a cluster, a lost worker node takes only
-        # the workers of its pools with it
+        # the LLMProxy lives beside the driver: on a cluster, a lost worker node takes only the workers of
+        # its pools with it
         control = {
             "namespace": self.namespace,
             "max_concurrency": 100_000,
@@ -256,33 +260,48 @@ class Experiment:
                 ray.get_runtime_context().get_node_id(), soft=False
             ),
         }
-        self.proxy = ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots)
-        self.rollout = (
-            ray.remote(RolloutService)
-            .options(name="rollout", **control)
-            .remote(
-                task_specs(cfg),
-                self.model_dir,
-                self.proxy,
-                cfg.train.mode,
-                cfg.train.alpha,
-                cfg.rollout.concurrency,
-                cfg.rollout.redundancy,
-                cfg.train.batch_groups,
-                seed=cfg.train.seed,
-                granularity=cfg.rollout.granularity,
-                env_factory=FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
-                reward=RewardScorer(
-                    FaultyScore(faults, score) if faults.reward_faults else score,
-                    retries=cfg.rollout.reward_retries,
-                    timeout_s=cfg.rollout.reward_timeout_s,
-                ),
-                drop_uniform=cfg.train.drop_uniform_groups,
-            )
+        self.proxy = ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots, tag_name=tag)
+        self.clusters["rollout"] = Cluster(
+            "rollout",
+            RolloutWorker,
+            self.rm,
+            roles["environment"],
+            worker_config=self._rollout_config(env_factory, score),
+            max_concurrency=100_000,
+            namespace=self.namespace,
+            wait=False,
         )
         for c in self.clusters.values():  # all roles were requested at once: their imports overlap
             c.ready()
-        return {"train": tp, "gen": len(slots), "namespace": self.namespace}
+        return {
+            "train": tp,
+            "gen": len(slots),
+            "rollout": roles["environment"].pool,
+            "namespace": self.namespace,
+        }
+
+    def _rollout_config(self, env_factory: Callable[[TaskSpec], Env], score: ScoreFn) -> dict[str, Any]:
+        """The environment worker's `RolloutService` arguments (fault injection wrapped in where asked)."""
+        cfg, faults = self.cfg, self.cfg.faults
+        return {
+            "tasks": task_specs(cfg),
+            "tokenizer_dir": self.model_dir,
+            "proxy": self.proxy,
+            "mode": cfg.train.mode,
+            "alpha": cfg.train.alpha,
+            "concurrency": cfg.rollout.concurrency,
+            "redundancy": cfg.rollout.redundancy,
+            "batch_groups": cfg.train.batch_groups,
+            "seed": cfg.train.seed,
+            "granularity": cfg.rollout.granularity,
+            "env_factory": FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
+            "reward": RewardScorer(
+                FaultyScore(faults, score) if faults.reward_faults else score,
+                retries=cfg.rollout.reward_retries,
+                timeout_s=cfg.rollout.reward_timeout_s,
+            ),
+            "drop_uniform": cfg.train.drop_uniform_groups,
+        }
 
     def _score(self) -> ScoreFn:
         if not self.judges:
@@ -300,6 +319,12 @@ class Experiment:
         rc = self.cfg.resources.roles[role]
         pool = next(p for p in self.cfg.resources.pools if p.name == rc.pool)
         return threads(rc.threads, self.cfg.train.mode, pool.cores)
+
+    @property
+    def rollout(self) -> Any:
+        """The environment role's actor (env loops, scheduler, sample buffer), None before `start_actors`."""
+        c = self.clusters.get("rollout")
+        return c.workers[0].actor if c is not None and c.workers else None
 
     @property
     def trainer(self) -> Any:
@@ -323,7 +348,6 @@ class Experiment:
         experiment can start again at once on a Ray that stays up (a notebook's, a cluster's, a test's)."""
         if self.rollout is not None:
             ray.get(self.rollout.stop.remote())
-            ray.kill(self.rollout)
         if self.proxy is not None:
             ray.kill(self.proxy)
         for c in self.clusters.values():
@@ -348,9 +372,9 @@ class Experiment:
 
                 serve.shutdown()
                 self._own_serve = False
-        if self.rollout is not None or self.proxy is not None:
-            _wait_gone(self.namespace, ["rollout", "llm-proxy"])
-        self.rollout = self.proxy = None
+        if self.proxy is not None:
+            _wait_gone(self.namespace, ["llm-proxy"])
+        self.proxy = None
         self.rm.release_all()
 
     def release_ray(self) -> None:

@@ -91,6 +91,7 @@ async def _counts(exp: Experiment, step_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {
         "count/gen_requests_retried": proxy["retried"],
         "count/gen_requests_failed": sum(proxy["worker_failures"].values()),  # a worker died holding them
+        **{f"count/gen_routed/{tag}/{pool}": n for tag, pool, n in proxy["routes"]},  # hw-mapped, per pool
         "tokens_per_s_rollout": rollout["tokens"] / max(step_s, 1e-9),
         **{f"count/reward_{k}": v for k, v in rollout["reward"].items()},
         **{f"count/{k}": v for k, v in rollout["buffer"].items()},  # buffer_evicted_<reason> ...

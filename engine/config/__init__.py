@@ -262,10 +262,13 @@ class ExperimentConfig(Strict):
             raise ValueError("resources.roles.reward: an llm-judge reward runs on the reward role's pool")
         pool = next(p for p in self.resources.pools if p.name == role.pool)
         need = sum(t.reward.max_replicas for t in judged) * role.units
-        if need > pool.capacity:
+        env = self.resources.roles["environment"]
+        taken = env.units if env.pool == pool.name else 0  # the environment worker holds its units
+        if need + taken > pool.capacity:
+            beside = f" beside the environment role's {taken}" if taken else ""
             raise ValueError(
                 f"tasks: the judges' max_replicas need {need} units of pool '{pool.name}' "
-                f"(resources.roles.reward), which has {pool.capacity}"
+                f"(resources.roles.reward){beside}, which has {pool.capacity}"
             )
         return self
 

@@ -76,7 +76,10 @@ class ResourcesConfig(Strict):
             "actor_train": RoleConfig(pool="compute"),
             "actor_gen": RoleConfig(pool="bandwidth"),
             "reward": RoleConfig(pool="cpu"),
-        }
+            "environment": RoleConfig(pool="cpu"),
+        },
+        description="where each role's workers run; `environment` (the env loops, scheduler and sample "
+        "buffer: one worker) defaults to the first cpu pool when not given",
     )
 
     @model_validator(mode="after")
@@ -84,6 +87,16 @@ class ResourcesConfig(Strict):
         names = [p.name for p in self.pools]
         if dupes := repeated(names):
             raise ValueError(f"duplicate pool names: {', '.join(dupes)}")
+        if "environment" not in self.roles:
+            cpu = next((p.name for p in self.pools if p.kind == "cpu"), None)
+            if cpu is None:
+                raise ValueError("roles.environment: not given, and there is no cpu pool to run it on")
+            self.roles["environment"] = RoleConfig(pool=cpu)
+        if self.roles["environment"].count != 1:
+            raise ValueError(
+                f"roles.environment.count: the env loops of a run are one worker (got "
+                f"{self.roles['environment'].count})"
+            )
         for role, rc in self.roles.items():
             if rc.pool not in names:
                 raise ValueError(f"roles.{role}.pool: unknown pool '{rc.pool}'; pools: {', '.join(names)}")

@@ -182,15 +182,23 @@ class Cluster:
         self.workers = []
 
     # routing -------------------------------------------------------------------------------------
-    def targets(self, spec: DispatchSpec, kwargs: dict[str, Any]) -> list[WorkerHandle]:
+    def hw_tag(self, method: str) -> str:
+        """The tag an `hw_mapping` method routes by (a router outside the cluster, the LLMProxy, routes the
+        method's calls as declared); a method declared otherwise is refused."""
+        spec = dispatch_spec(getattr(self.worker_cls, method, None))
+        if spec is None or spec.kind != "hw":
+            raise ValueError(f"{self.name}: {self.worker_cls.__name__}.{method} is not an hw_mapping method")
+        return spec.tag_name
+
+    def targets(
+        self, spec: DispatchSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[WorkerHandle]:
         if spec.kind == "all":
             return list(self.workers)
-        if spec.tag_name not in kwargs:
-            raise TypeError(f"{self.name}: hw_mapping call needs the keyword argument '{spec.tag_name}'")
         try:
-            w, fallback = pick(self.workers, kwargs[spec.tag_name])
-        except RuntimeError as e:
-            raise RuntimeError(f"{self.name}: {e}") from None
+            w, fallback = pick(self.workers, spec.tag(args, kwargs))
+        except (RuntimeError, TypeError) as e:
+            raise type(e)(f"{self.name}: {e}") from None
         self.fallback_calls += fallback
         self.routes[w.binding.pool] += 1
         w.calls += 1
@@ -213,8 +221,8 @@ class _BoundMethod:
     def _result(self, results: list[Any]) -> Any:
         return results if self.spec.kind == "all" else results[0]
 
-    def _begin(self, kwargs: dict[str, Any]) -> list[WorkerHandle]:
-        targets = self.cluster.targets(self.spec, kwargs)
+    def _begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[WorkerHandle]:
+        targets = self.cluster.targets(self.spec, args, kwargs)
         for w in targets:
             w.outstanding += 1
         return targets
@@ -237,7 +245,7 @@ class _BoundMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.spec.kind == "serverless":
             return self._serverless().call(*args, **kwargs)
-        targets = self._begin(kwargs)
+        targets = self._begin(args, kwargs)
         try:
             try:
                 results = ray.get(self._send(targets, args, kwargs))
@@ -250,7 +258,7 @@ class _BoundMethod:
     async def aio(self, *args: Any, **kwargs: Any) -> Any:
         if self.spec.kind == "serverless":
             return await self._serverless().acall(*args, **kwargs)
-        targets = self._begin(kwargs)
+        targets = self._begin(args, kwargs)
         try:
             try:
                 results = await asyncio.gather(*self._send(targets, args, kwargs))

@@ -1,9 +1,9 @@
 """Method decorators that declare how a Cluster dispatches a Worker method (paper §5).
 
 - `register`: call the method on every worker of the cluster and gather the results (in rank order).
-- `hw_mapping(tag_name)`: route the call to one worker whose hardware matches the call's `tag_name`
-  keyword (a pool kind, or a workload profile mapped to one); fall back to a compatible worker when
-  every matching worker is busy.
+- `hw_mapping(tag_name)`: route the call to one worker whose hardware matches the call's tag (a pool
+  kind, or a workload profile mapped to one): its `tag_name` keyword, or else that attribute of its first
+  argument (a request object); fall back to a compatible worker when every matching worker is busy.
 - `register_serverless(endpoint)`: the cluster method becomes an HTTP call to a serverless URL; the
   decorated body is what that endpoint runs (so a serverless deployment can host the same code).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
 SPEC_ATTR = "__rollart_dispatch__"
@@ -26,6 +26,14 @@ class DispatchSpec:
     kind: Literal["all", "hw", "serverless"]
     tag_name: str = ""
     endpoint: str = ""
+
+    def tag(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The hardware tag of an `hw_mapping` call (see the module docstring)."""
+        if self.tag_name in kwargs:
+            return str(kwargs[self.tag_name])
+        if args and hasattr(args[0], self.tag_name):
+            return str(getattr(args[0], self.tag_name))
+        raise TypeError(f"hw_mapping call needs the keyword argument or request field '{self.tag_name}'")
 
 
 def _attach(spec: DispatchSpec) -> Callable[[F], F]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from engine.core.decorators import hw_mapping
 from engine.core.worker import Role, Worker, device
 from engine.types import GenOutput, GenRequest
 from infra.weightstore.factory import open_store
@@ -69,6 +70,7 @@ class GenerationWorker(Worker):
             tensors, _ = prefetcher.wait(version)
             self.backend.load_weights(tensors.items(), version)
 
+    @hw_mapping(tag_name="profile")  # a request goes to the pool whose kind suits its task's workload
     async def generate(self, request: GenRequest) -> GenOutput:
         self.requests += 1
         if self.kill_after is not None and self.requests >= self.kill_after:

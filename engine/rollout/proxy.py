@@ -1,8 +1,10 @@
 """LLMProxy: the gateway between env loops and generation workers (paper §6.1).
 
-- Routing per request: the task's profile picks the preferred pool (affinity), then the least-loaded
-  worker there (fallback to a compatible pool when it is saturated); requests of one trajectory stick
-  to the worker that served its previous turn, for prefix-cache reuse, while that worker has room.
+- Routing per request, as `GenerationWorker.generate` declares it (`@hw_mapping(tag_name="profile")`):
+  the request's tag (its task's workload profile) picks the preferred pool kind (affinity), then the
+  least-loaded worker there (fallback to a compatible pool when it is saturated), with the Cluster's own
+  `engine.core.routing.pick`; requests of one trajectory stick to the worker that served its previous
+  turn, for prefix-cache reuse, while that worker has room. Routed calls are counted per (tag, pool).
 - `suspend()` stops admitting new requests and waits until in-flight ones are done; `resume()` lets the
   waiting ones through. The weight update happens in between.
 - Each request's timings (time held by a suspend, time in the worker, proxy overhead) are recorded.
@@ -36,6 +38,7 @@ class GenSlot:
     kind: str  # pool kind of the worker (gpu-compute / gpu-bandwidth ...)
     target: Any  # object with `async generate(req)` / `abort(id)`, or a Ray actor handle
     capacity: int = 64  # requests it batches at once before it counts as busy
+    pool: str = ""  # the pool it is bound to (routes are counted per pool)
     outstanding: int = 0
     calls: int = 0
     down: bool = False  # died; routed around until the next weight update reached it
@@ -56,13 +59,23 @@ class ProxyStats:
     retried: int = 0  # requests sent again because their worker died
     worker_failures: Counter[str] = field(default_factory=Counter)
     per_worker: Counter[str] = field(default_factory=Counter)
+    routes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tag, pool) -> affinity routes
     timings: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=20000))
 
 
 class LLMProxy:
-    def __init__(self, workers: list[GenSlot], max_sticky: int = 100_000, max_retries: int = 3):
+    def __init__(
+        self,
+        workers: list[GenSlot],
+        max_sticky: int = 100_000,
+        max_retries: int = 3,
+        tag_name: str = "profile",
+    ):
         if not workers:
             raise ValueError("LLMProxy needs at least one generation worker")
+        if tag_name not in GenRequest.__dataclass_fields__:
+            raise ValueError(f"LLMProxy: requests have no field '{tag_name}' to route by")
+        self.tag_name = tag_name
         self.workers = {w.name: w for w in workers}
         self.stats = ProxyStats()
         self._sticky: OrderedDict[str, str] = OrderedDict()  # trajectory -> worker, LRU-bounded
@@ -84,8 +97,10 @@ class LLMProxy:
                 self._sticky.move_to_end(req.trajectory_id)
                 return w
         live = [w for w in self.workers.values() if not w.down]
-        w, fallback = pick(live or list(self.workers.values()), req.profile)  # all down: Ray restarts them
+        tag = str(getattr(req, self.tag_name))
+        w, fallback = pick(live or list(self.workers.values()), tag)  # all down: Ray restarts them
         self.stats.fallbacks += fallback
+        self.stats.routes[tag, w.pool or w.kind] += 1
         if req.trajectory_id:
             self._sticky[req.trajectory_id] = w.name
             self._sticky.move_to_end(req.trajectory_id)
@@ -167,6 +182,7 @@ class LLMProxy:
             "retried": self.stats.retried,
             "worker_failures": dict(self.stats.worker_failures),
             "per_worker": dict(self.stats.per_worker),
+            "routes": [[tag, pool, n] for (tag, pool), n in sorted(self.stats.routes.items())],
             "mean_worker_s": mean("worker_s"),
             "mean_proxy_s": mean("proxy_s"),
             "mean_suspended_s": mean("suspended_s"),

@@ -1,8 +1,9 @@
 """RolloutService: the env loops, scheduler, reward and SampleBuffer of a run, in one async actor.
 
 It talks to the LLMProxy (another actor, or a local object in tests) through `ProxyClient`, and to the
-trainer side only through `get_batch` / `advance` / `release_wave`. Run it with
-`ray.remote(RolloutService).options(max_concurrency=...)` — all methods are async, one event loop.
+trainer side only through `get_batch` / `advance` / `release_wave`. In a run it is the environment role's
+worker (`engine/rollout/rollout_worker.py`, built by a Cluster); as an actor it needs a high
+`max_concurrency` — all methods are async, one event loop.
 """
 
 from __future__ import annotations

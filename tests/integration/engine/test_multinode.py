@@ -3,9 +3,10 @@
 each offering the pools `rollart node start --pool ...` declares (`engine/core/nodes.py`).
 
 Asserted: a pool no node offers is refused before anything starts, naming it; each role's workers run
-on the node offering its pool and the run's control plane beside its driver; the weights reach the
-generation nodes through Mooncake; a generation node lost mid-run is survived: its worker is left out and
-counted, its requests are served by the other node, every step trains whole groups.
+on the node offering its pool (the env loops too: the environment role) and the LLMProxy beside the
+driver; the weights reach the generation nodes through Mooncake; a generation node lost mid-run is
+survived: its worker is left out and counted, its requests are served by the other node, every step
+trains whole groups.
 """
 
 import asyncio
@@ -77,9 +78,11 @@ def test_roles_run_on_their_pools_nodes_and_weights_reach_them_through_mooncake(
             name: sorted(ray.get(w.actor.ping.remote())["node_id"] for w in cl.workers)
             for name, cl in exp.clusters.items()
         }
-        assert where == {"train": [ids["head"]], "gen": sorted([ids["gen-a"], ids["gen-b"]])}
-        driver = ray.get_runtime_context().get_node_id()  # the run's control plane runs beside its driver
-        node_of = ray.get(exp.rollout.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+        # the environment role (env loops, scheduler) on the node of its pool, cpu, which the head offers
+        gen = sorted([ids["gen-a"], ids["gen-b"]])
+        assert where == {"train": [ids["head"]], "gen": gen, "rollout": [ids["head"]]}
+        driver = ray.get_runtime_context().get_node_id()  # the LLMProxy runs beside the driver
+        node_of = ray.get(exp.proxy.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
         assert node_of == driver == ids["head"]
         metrics = steps(exp, 2)
         stats = ray.get(exp.rollout.stats.remote())

@@ -182,6 +182,23 @@ def test_role_gpus_colocate_in_gpu_pools_and_are_refused_where_nothing_would_use
         load_config(FROZENLAKE, ["resources.roles.actor_gen.pool=cpu", "resources.roles.actor_gen.gpus=0.5"])
 
 
+def test_the_environment_role_defaults_to_the_first_cpu_pool_and_is_one_worker():
+    cfg = load_config(FROZENLAKE)  # its roles name no environment: the first cpu pool, in the resolved form
+    assert cfg.resources.roles["environment"].pool == "cpu" and "environment:" in cfg.to_yaml()
+    pools = "[{name: g, kind: gpu-compute}, {name: envs, kind: cpu, capacity: 4}]"
+    roles = "{actor_train: {pool: g}, actor_gen: {pool: g}}"
+    cfg = load_config(FROZENLAKE, [f"resources.pools={pools}", f"resources.roles={roles}"])
+    assert cfg.resources.roles["environment"].pool == "envs"
+    with pytest.raises(ConfigError, match=r"roles\.environment: not given, and there is no cpu pool"):
+        load_config(
+            FROZENLAKE, ["resources.pools=[{name: g, kind: gpu-compute}]", f"resources.roles={roles}"]
+        )
+    with pytest.raises(
+        ConfigError, match=r"roles\.environment\.count: the env loops of a run are one worker"
+    ):
+        load_config(FROZENLAKE, ["resources.roles.environment={pool: cpu, count: 2}"])
+
+
 def test_a_judge_reward_names_its_model_and_rule_rewards_take_no_judge_fields():
     judged = load_config(FROZENLAKE, ["tasks.0.reward={kind: llm-judge, model: policy, idle_s: 2}"])
     assert judged.tasks[0].reward.kind == "llm-judge" and judged.tasks[0].reward.idle_s == 2
@@ -195,9 +212,9 @@ def test_a_judge_reward_names_its_model_and_rule_rewards_take_no_judge_fields():
         ),
         ("tasks.0.reward={kind: judge}", "tasks[0].reward.kind: Input should be 'rule' or 'llm-judge'"),
         (
-            "tasks.0.reward={kind: llm-judge, model: policy, max_replicas: 9}",
-            "tasks: the judges' max_replicas need 9 units of pool 'cpu' (resources.roles.reward), "
-            "which has 8",
+            "tasks.0.reward={kind: llm-judge, model: policy, max_replicas: 8}",
+            "tasks: the judges' max_replicas need 8 units of pool 'cpu' (resources.roles.reward) beside "
+            "the environment role's 1, which has 8",
         ),
     ]:
         with pytest.raises(ConfigError) as e:

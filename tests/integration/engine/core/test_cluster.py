@@ -82,7 +82,7 @@ def test_hw_mapping_routes_by_tag(gen):
     assert {r["rank"] for r in prefill} == {1, 2}  # spread over both compute workers
     assert gen.generate(0, tag="gpu-bandwidth")["kind"] == "gpu-bandwidth"
     assert gen.routes == {"bandwidth": 5, "compute": 4} and gen.fallback_calls == 0
-    with pytest.raises(TypeError, match="needs the keyword argument 'tag'"):
+    with pytest.raises(TypeError, match="needs the keyword argument or request field 'tag'"):
         gen.generate(1)
     with pytest.raises(ValueError, match="unknown hardware tag 'tpu'"):
         gen.generate(1, tag="tpu")

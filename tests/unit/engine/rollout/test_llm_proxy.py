@@ -58,6 +58,34 @@ async def test_profile_routing_least_loaded_and_fallback():
     outs = await asyncio.gather(*tasks)
     assert [o.worker for o in outs][-2:] == ["c0", "c0"]
     assert p.summary()["requests"] == 6 and p.summary()["per_worker"] == {"b0": 2, "b1": 2, "c0": 2}
+    # every routed call counted by its tag and the pool it went to (no pool given: the kind stands in)
+    assert p.summary()["routes"] == [
+        ["decode-heavy", "gpu-bandwidth", 4],
+        ["decode-heavy", "gpu-compute", 1],
+        ["prefill-heavy", "gpu-compute", 1],
+    ]
+
+
+async def test_routes_are_counted_per_pool_and_sticky_turns_are_not_routed_again():
+    engines = {n: Engine(n) for n in ("c0", "b0")}
+    for e in engines.values():
+        e.gates = _Open()
+    p = LLMProxy(
+        [
+            GenSlot("c0", "gpu-compute", engines["c0"], capacity=4, pool="h800"),
+            GenSlot("b0", "gpu-bandwidth", engines["b0"], capacity=4, pool="h20"),
+        ]
+    )
+    for k in range(3):
+        assert (await p.generate(req(f"a/{k}", profile="prefill-heavy", traj="a"))).worker == "c0"
+        assert (await p.generate(req(f"b/{k}", profile="decode-heavy", traj="b"))).worker == "b0"
+    assert p.summary()["routes"] == [["decode-heavy", "h20", 1], ["prefill-heavy", "h800", 1]]
+    assert p.stats.sticky_hits == 4
+
+
+def test_a_tag_requests_lack_is_refused():
+    with pytest.raises(ValueError, match="requests have no field 'flavour' to route by"):
+        LLMProxy([GenSlot("c0", "gpu-compute", Engine("c0"))], tag_name="flavour")
 
 
 async def test_requests_of_a_trajectory_stick_to_one_worker():
