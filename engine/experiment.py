@@ -31,6 +31,7 @@ from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.rollout.reward import RewardScorer, ScoreFn, env_return
+from engine.rollout.reward_worker import RewardWorker
 from engine.rollout.rollout_worker import RolloutWorker
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import default_env_factory
@@ -168,8 +169,21 @@ class Experiment:
                 prefix=self.namespace,
                 policy_dir=self.model_dir or self.prepare_model(),
                 host=self._host(),
+                pool=(role.pool, self.rm.kind(role.pool)),
                 replica_options={"num_cpus": 0, "resources": {ray_resource(role.pool): role.units}},
             )
+            for task, e in self.judges.items():  # the reward role: no actor of its own, its judge serverless
+                self.clusters[f"reward-{task}"] = Cluster(
+                    f"reward-{task}",
+                    RewardWorker,
+                    self.rm,
+                    role.model_copy(update={"count": 0}),
+                    serverless_urls={"judge": e.url},
+                    serverless_token=e.token,
+                    serverless_timeout_s=self.cfg.rollout.reward_timeout_s,
+                    serverless_retries=0,  # the rollout's RewardScorer retries, with its counts
+                    namespace=self.namespace,
+                )
         return {
             "endpoints": {task: e.report() for task, e in self.judges.items()},
             "scoring": {
@@ -308,7 +322,7 @@ class Experiment:
             return env_return
         from engine.rollout.judge_endpoints import judge_scores
 
-        return judge_scores(self.judges, timeout_s=self.cfg.rollout.reward_timeout_s)
+        return judge_scores({t: self.clusters[f"reward-{t}"].serverless_client("judge") for t in self.judges})
 
     def _host(self) -> str:
         """Where the run's reachable services listen (`network.host`; auto: this node's Ray address)."""

@@ -59,6 +59,8 @@ class Cluster:
         worker_config: dict[str, Any] | None = None,
         serverless_urls: dict[str, str] | None = None,
         serverless_token: str | None = None,
+        serverless_timeout_s: float = 30.0,
+        serverless_retries: int = 3,
         max_concurrency: int = 1,
         namespace: str | None = None,
         max_restarts: int = 0,
@@ -75,7 +77,10 @@ class Cluster:
         self.namespace = namespace
         self.max_restarts = max_restarts
         self.serverless = {
-            k: ServerlessClient(u, token=serverless_token) for k, u in (serverless_urls or {}).items()
+            k: ServerlessClient(
+                u, token=serverless_token, timeout_s=serverless_timeout_s, retries=serverless_retries
+            )
+            for k, u in (serverless_urls or {}).items()
         }
         self.routes: Counter[str] = Counter()  # pool -> hw_mapping calls sent there
         self.fallback_calls = 0
@@ -182,6 +187,14 @@ class Cluster:
         self.workers = []
 
     # routing -------------------------------------------------------------------------------------
+    def serverless_client(self, method: str) -> ServerlessClient:
+        """The client a `@register_serverless` method calls (picklable: a caller in another actor, the
+        rollout's score function, holds it); a method declared otherwise, or without a URL, is refused."""
+        spec = dispatch_spec(getattr(self.worker_cls, method, None))
+        if spec is None or spec.kind != "serverless":
+            raise ValueError(f"{self.name}: {self.worker_cls.__name__}.{method} is not a serverless method")
+        return _BoundMethod(self, method, spec)._serverless()
+
     def hw_tag(self, method: str) -> str:
         """The tag an `hw_mapping` method routes by (a router outside the cluster, the LLMProxy, routes the
         method's calls as declared); a method declared otherwise is refused."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import ray
+
+from engine.core.decorators import dispatch_spec
 
 
 class Role(enum.StrEnum):
@@ -90,3 +93,14 @@ class Worker:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "device": device(),
         }
+
+
+def serverless_body(
+    worker_cls: type[Worker], method: str, name: str, pool: str, pool_kind: str, config: dict[str, Any]
+) -> Callable[..., Any]:
+    """What a serverless endpoint of `worker_cls.method` (declared `@register_serverless`) runs: that method
+    of a worker built once per replica, here (the factory a Serve replica calls: `infra.serve`)."""
+    spec = dispatch_spec(getattr(worker_cls, method, None))
+    if spec is None or spec.kind != "serverless":
+        raise ValueError(f"{worker_cls.__name__}.{method} is not declared @register_serverless")
+    return getattr(worker_cls(name, 0, 1, pool, pool_kind, config), method)

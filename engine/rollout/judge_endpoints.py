@@ -1,10 +1,12 @@
 """A run's serverless reward (paper §6.2): one scale-to-zero LLM-judge endpoint per task that asks for one.
 
-`deploy_judges` starts them on Ray Serve (infra/serve.py) before the rollout starts: each is the judge model
-loaded once per replica, behind a fresh bearer token, with no replica until the first call (a cold start)
-and none again after `idle_s` without calls. `judge_scores` is the rollout's score function: the judge's
-verdict for those tasks, the environment's rule for the others; the rollout's `RewardScorer` retries a
-failed call and drops the trajectory after the last attempt. `undeploy_judges` removes them at teardown.
+`deploy_judges` starts them on Ray Serve (infra/serve.py) before the rollout starts: each runs
+`RewardWorker.judge` (the reward role's `@register_serverless` method; its worker, with the judge model, is
+built once per replica), behind a fresh bearer token, with no replica until the first call (a cold start)
+and none again after `idle_s` without calls. `judge_scores` is the rollout's score function: for the judged
+tasks, the judge method's calls through the reward role's `Cluster`s; the environment's rule for the
+others. The rollout's `RewardScorer` retries a failed call and drops the trajectory after the last attempt.
+`undeploy_judges` removes them at teardown.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import TaskConfig
+from engine.core.worker import serverless_body
 from engine.models.importer import resolve_model_path
-from engine.rollout.judge import make_judge, serverless_scorer
+from engine.rollout.judge import serverless_scorer
 from engine.rollout.reward import ScoreFn, TaskScores, env_return
+from engine.rollout.reward_worker import RewardWorker
 from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient
 
@@ -49,11 +53,12 @@ def deploy_judges(
     prefix: str,
     policy_dir: str,
     host: str,
+    pool: tuple[str, str],
     replica_options: Mapping[str, Any],
 ) -> dict[str, JudgeEndpoint]:
     """Deploy a judge endpoint for every task whose `reward.kind` is llm-judge; on Serve's proxy at `host`
-    (Ray must be up). App names and routes start with `prefix`, so runs sharing a Ray cluster do not
-    collide."""
+    (Ray must be up), its replicas on the reward role's `pool` (name, kind). App names and routes start
+    with `prefix`, so runs sharing a Ray cluster do not collide."""
     out: dict[str, JudgeEndpoint] = {}
     try:
         for i, task in enumerate(tasks):
@@ -63,9 +68,10 @@ def deploy_judges(
             assert r.model is not None  # the config requires it for a judge
             model_dir = judge_model_dir(r.model, policy_dir)
             app, token = f"{prefix}-judge-{i}", new_token()
+            config = {"model_dir": model_dir, "max_tokens": r.max_tokens}
             url = deploy_function(
                 app,
-                functools.partial(make_judge, model_dir, max_tokens=r.max_tokens),
+                functools.partial(serverless_body, RewardWorker, "judge", app, *pool, config),
                 token=token,
                 route_prefix=f"/{prefix}/judge/{i}",
                 max_replicas=r.max_replicas,
@@ -80,18 +86,10 @@ def deploy_judges(
     return out
 
 
-def judge_scores(
-    endpoints: Mapping[str, JudgeEndpoint], timeout_s: float, base: ScoreFn = env_return
-) -> TaskScores:
-    """The rollout's score function: each judged task's endpoint, `base` (the env's rule) for the rest.
-    The client does not retry: the rollout's `RewardScorer` does, with its backoff and counts."""
-    return TaskScores(
-        {
-            task: serverless_scorer(ServerlessClient(e.url, e.token, timeout_s=timeout_s, retries=0))
-            for task, e in endpoints.items()
-        },
-        base,
-    )
+def judge_scores(judges: Mapping[str, ServerlessClient], base: ScoreFn = env_return) -> TaskScores:
+    """The rollout's score function: each judged task's judge client, `base` (the env's rule) for the rest.
+    The clients do not retry: the rollout's `RewardScorer` does, with its backoff and counts."""
+    return TaskScores({task: serverless_scorer(client) for task, client in judges.items()}, base)
 
 
 def undeploy_judges(endpoints: Mapping[str, JudgeEndpoint]) -> None:

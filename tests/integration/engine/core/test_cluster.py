@@ -196,6 +196,12 @@ async def test_register_serverless_calls_a_real_http_endpoint(rm):
             {"auth": "Bearer s3cret", "args": [2, 3], "kwargs": {}},
             {"auth": "Bearer s3cret", "args": [], "kwargs": {"a": 10, "b": -4}},
         ]
+        # the client a caller in another process holds: the same endpoint, the same token
+        client = c.serverless_client("judge")
+        assert client.url == url and client.headers == {"Authorization": "Bearer s3cret"}
+        assert await client.acall(1, 1) == 2
+        with pytest.raises(ValueError, match=r"rew: GenWorker\.generate is not a serverless method"):
+            c.serverless_client("generate")
         c.shutdown()
     finally:
         server.shutdown()

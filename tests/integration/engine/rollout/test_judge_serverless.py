@@ -117,6 +117,9 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
         endpoint = exp.judges[task]
         assert report["endpoints"][task]["url"] == endpoint.url and endpoint.url.startswith(f"http://{HOST}:")
         assert report["endpoints"][task]["replicas"] == 0 and report["scoring"][task].endswith(endpoint.url)
+        # the reward role is a Cluster of RewardWorker whose `judge` (@register_serverless) is that endpoint
+        reward = exp.clusters[f"reward-{task}"]
+        assert reward.workers == [] and reward.serverless_client("judge").url == endpoint.url
         exp.start_weight_store()
         exp.start_actors()
         proto = exp.protocol()
