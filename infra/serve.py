@@ -11,8 +11,9 @@ with the same protocol (POST `{"args": [...], "kwargs": {...}}` → `{"result": 
   Serve controller); replicas compare digests in constant time and answer 401 to a wrong or missing token.
 - Status codes follow the client's retry rule: a malformed request is 400 and a bad token 401 (the caller's
   mistake, not retried); a scorer exception is 500 with its message (retried with backoff).
-- Serve runs one HTTP proxy per cluster; the first deployment starts it on `host`/`port` (default
-  127.0.0.1, a free port). Later deployments share it and must ask for the same address.
+- Serve runs one HTTP proxy per cluster, on the head node; the first deployment starts it on `host`/`port`
+  (default 127.0.0.1, a free port). Later deployments share it and must ask for the same address. The
+  replicas run wherever their `ray_actor_options` place them; the proxy forwards to them across nodes.
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def _http_address(host: str, port: int | None) -> tuple[str, int]:
     """
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is None:
-        serve.start(http_options={"host": host, "port": port or _free_port(host)})
+        # One proxy, on the head node: `host` is an address of the driver's machine (the head, where
+        # `rollart train` runs), which a proxy on another node, where Serve would start one beside each
+        # replica by default, could not bind.
+        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port or _free_port(host)})
         client = _get_global_client()
     config = client.http_config
     if config.host != host or (port is not None and config.port != port):

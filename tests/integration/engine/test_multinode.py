@@ -14,15 +14,19 @@ import contextlib
 import os
 import signal
 
+import httpx
 import pytest
 import ray
+from ray import serve
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
 from engine.config import load_config
 from engine.core.nodes import parse_pools
+from engine.core.resources import ray_resource
 from engine.experiment import Experiment
 from engine.rollout.scheduler import unended
+from infra.serve import deploy_function, new_token
 from tests.integration.runs import G, start, steps, tiny_config
 
 POOLS = {"head": ["compute:1", "cpu:2"], "gen-a": ["bandwidth:1"], "gen-b": ["bandwidth:1"]}
@@ -141,3 +145,47 @@ def test_a_generation_node_lost_mid_run_is_left_out_counted_and_nothing_is_lost(
     assert survivor_version == 2 and metrics[-1]["pull_s"] > 0  # pulled through Mooncake
     assert len(proxy["worker_failures"]) == 1  # the lost worker's requests failed over to the survivor
     assert unended(stats["counts"]) == 0 and stats["counts"]["trajectories_started"] > 0  # nothing lost
+
+
+def _replica_node(*_args: object) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _where():  # the endpoint's factory: its function answers with the node its replica runs on
+    return _replica_node
+
+
+def test_an_endpoint_on_another_node_is_served_through_the_heads_proxy_and_only_with_its_token(cluster):
+    """A judge's replicas run on the reward role's pool, wherever its nodes are; Serve's one HTTP proxy
+    runs on the head node at `network.host` (here 127.0.0.2), which other nodes' proxies could not bind."""
+    c, ids, _ = cluster
+    ray.shutdown()  # a driver an earlier run left connected: connect afresh, as a new driver does
+    ray.init(address=c.address)
+    try:
+        token = new_token()
+        url = deploy_function(
+            "where",
+            _where,
+            token=token,
+            route_prefix="/where",
+            min_replicas=1,
+            host="127.0.0.2",
+            ray_actor_options={"num_cpus": 0, "resources": {ray_resource("bandwidth"): 1}},
+        )
+        answered = httpx.post(
+            url, json={"args": [], "kwargs": {}}, headers={"Authorization": f"Bearer {token}"}
+        )
+        refused = [
+            httpx.post(url, json={"args": [], "kwargs": {}}, headers=h).status_code
+            for h in ({}, {"Authorization": "Bearer wrong"})
+        ]
+        proxies = dict(serve.status().proxies)  # node id -> the proxy's state
+        pool = ray_resource("bandwidth")
+        gen_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"] and pool in n["Resources"]}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    # a generation node (gen-b was added back, under a new id, after the node-kill test), not the head
+    assert answered.status_code == 200 and answered.json()["result"] in gen_nodes - {ids["head"]}
+    assert refused == [401, 401]
+    assert {node: str(state) for node, state in proxies.items()} == {ids["head"]: "ProxyStatus.HEALTHY"}
