@@ -1,13 +1,17 @@
-"""What an experiment config becomes at the actor edge: task specs, thread counts, weight-store sizes."""
+"""What an experiment config becomes at the actor edge: task specs (with their sandbox), thread counts,
+weight-store sizes."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from engine.config import ExperimentConfig
+from engine.config import ExperimentConfig, TaskConfig
+from engine.envs.registry import SANDBOX_ENVS
 from engine.rollout.env_manager import TurnLimits
 from engine.rollout.scheduler import TaskSpec
+from infra.sandbox.k8s_objects import kubeconfig_path
 
 
 def store_bytes(model_dir: Path, versions: int = 3) -> int:
@@ -27,12 +31,35 @@ def threads(n: int, mode: str, pool_cores: list[int] | None = None) -> int:
     return cores if mode in ("sync", "sync+") else max(1, cores // 2)
 
 
+def sandbox_args(cfg: ExperimentConfig) -> dict[str, Any]:
+    """`make_sandbox`'s arguments (infra/sandbox): the backend and its settings, the kubeconfig path
+    resolved here on the driver, so that the rollout actor reads the file its warm-up checked."""
+    k8s = cfg.backends.kubernetes_sandbox
+    if k8s is None:
+        return {"backend": cfg.backends.sandbox}
+    return {
+        "backend": cfg.backends.sandbox,
+        **k8s.model_dump(),
+        "kubeconfig": kubeconfig_path(k8s.kubeconfig),
+    }
+
+
+def _env_args(cfg: ExperimentConfig, t: TaskConfig) -> dict[str, Any]:
+    """A task's env arguments plus those the run decides: its held-out share, the sandbox."""
+    args = dict(t.env_args)
+    if t.eval_problems:
+        args["eval_fraction"] = t.eval_fraction
+    if t.env in SANDBOX_ENVS:
+        args["sandbox"] = sandbox_args(cfg)
+    return args
+
+
 def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
     return [
         TaskSpec(
             t.name,
             t.env,
-            {**t.env_args, "eval_fraction": t.eval_fraction} if t.eval_problems else dict(t.env_args),
+            _env_args(cfg, t),
             t.weight,
             t.group_size,
             TurnLimits(

@@ -55,10 +55,11 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.file, args.set)  # a bad config exits 2 before anything starts
     from flows.train import RunExists, TrainingStopped, train
+    from infra.sandbox import SandboxUnavailable
 
     try:
         summary = asyncio.run(train(cfg, resume=args.resume))
-    except RunExists as e:  # nothing started, nothing overwritten
+    except (RunExists, SandboxUnavailable) as e:  # nothing trained: no run to overwrite, no sandbox to use
         print(f"rollart train: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # a step failed past its retries: a message, not a traceback

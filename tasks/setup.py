@@ -4,8 +4,8 @@ Each is a small unit with its own retries and timeout; none caches (the inputs a
 
 from __future__ import annotations
 
+import asyncio
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,11 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from engine.actor_args import task_specs
+from engine.actor_args import sandbox_args, task_specs
 from engine.envs.registry import make_env
 from engine.experiment import Experiment
 from engine.rollout.scheduler import TaskSpec
+from infra.sandbox import make_sandbox
 
 
 @task(name="provision_pools", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
@@ -26,7 +27,8 @@ def provision_pools(exp: Experiment) -> dict[str, Any]:
 
 @task(name="warmup_sandboxes", retries=1, timeout_seconds=600, cache_policy=NO_CACHE)
 async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str, Any]:
-    """Prepare each task's runtime: the adapter imports, datasets are generated, a few envs start."""
+    """Prepare each task's runtime: the sandbox backend first (a Kubernetes cluster that cannot run
+    sandbox pods fails the run here, in one line), then the adapter imports, datasets, a few envs."""
 
     async def warm(t: TaskSpec) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -36,8 +38,10 @@ async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str,
             await env.close()
         return {"envs_started": envs_per_task, "seconds": round(time.perf_counter() - t0, 3)}
 
-    report: dict[str, Any] = {t.name: await warm(t) for t in task_specs(exp.cfg)}
-    report["bubblewrap"] = shutil.which("bwrap") or "missing (code tasks would be refused)"
+    report: dict[str, Any] = {
+        "sandbox": await asyncio.to_thread(make_sandbox(**sandbox_args(exp.cfg)).warmup)
+    }
+    report.update({t.name: await warm(t) for t in task_specs(exp.cfg)})
     return report
 
 

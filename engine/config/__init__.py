@@ -23,6 +23,7 @@ from engine.config.resources import (
     RoleConfig,
 )
 from engine.config.tasks import TaskConfig
+from engine.envs.registry import SANDBOX_ENVS
 from engine.precision import Precision
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ConfigError",
     "ExperimentConfig",
     "FaultsConfig",
+    "KubernetesSandboxConfig",
     "ModelConfig",
     "NetworkConfig",
     "PoolConfig",
@@ -159,14 +161,45 @@ class TrainConfig(Strict):
 _FIXED_ALPHA = {"sync": 0, "sync+": 0, "one-off": 1}
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"  # a Kubernetes resource quantity
+
+
+class KubernetesSandboxConfig(Strict):
+    """`backends.sandbox: kubernetes`: the cluster and the pods model-written code runs in, one pod per run
+    (infra/sandbox/kubernetes.py); the call's own limits (timeout, CPU seconds, memory) are the code env's."""
+
+    kubeconfig: str | None = Field(
+        None, description="kubeconfig file; None = $KUBECONFIG, else ~/.kube/config"
+    )
+    context: str | None = Field(None, description="kubeconfig context; None = its current context")
+    namespace: str = Field(
+        "rollart-sandbox",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="an existing namespace; it gets the deny-all NetworkPolicy of the sandbox pods",
+    )
+    image: str = Field("python:3.12-slim", min_length=1, description="an image with python3 on its PATH")
+    cpu: str = Field("1", pattern=_QUANTITY, description="the pod's CPU request and limit")
+    memory: str = Field("512Mi", pattern=_QUANTITY, description="the pod's memory request and limit")
+    start_timeout_s: float = Field(
+        60.0, gt=0, description="time a pod may take to be scheduled and start (an image pull included)"
+    )
+
+
 class BackendsConfig(Strict):
     generation: Literal["vllm", "hf", "modelled"] = "vllm"
     training: Literal["torch", "megatron"] = "torch"
     tensor_parallel: int = Field(
         1,
         ge=1,
-        description="ranks the Megatron trainer splits each layer over: that many actor_train processes "
-        "on one node (each with its own GPU where there are any); pipeline parallelism is not implemented",
+        description="ranks the Megatron trainer splits each layer over (megatron only); the trainer runs "
+        "tensor_parallel × pipeline_parallel actor_train processes on one node (each with its own GPU "
+        "where there are any)",
+    )
+    pipeline_parallel: int = Field(
+        1,
+        ge=1,
+        description="stages the Megatron trainer cuts the layers into (megatron only; it must divide the "
+        "model's layer count), each stage's layers split over tensor_parallel ranks",
     )
     weight_store: Literal["mooncake", "ray"] = "mooncake"
     weight_store_bytes: int | None = Field(
@@ -178,20 +211,37 @@ class BackendsConfig(Strict):
     metadata_url: str = Field("sqlite:///{run_dir}/metadata.db", description="any SQLAlchemy URL")
     checkpoint_uri: str = Field("{run_dir}/checkpoints", description="local dir or s3://bucket/prefix")
     s3_endpoint_url: str | None = None
-    # One choice each, named so a config says what it runs on: untrusted code only ever runs in the
-    # bubblewrap sandbox (infra/sandbox.py), and serverless reward endpoints are Ray Serve deployments
-    # (infra/serve.py). Anything else is refused rather than accepted and ignored.
-    sandbox: Literal["bwrap"] = "bwrap"
+    sandbox: Literal["bwrap", "kubernetes"] = Field(
+        "bwrap",
+        description="where model-written code runs (infra/sandbox): bubblewrap on the rollout actor's host, "
+        "or a short-lived pod per run on a Kubernetes cluster (backends.kubernetes_sandbox)",
+    )
+    kubernetes_sandbox: KubernetesSandboxConfig | None = Field(
+        None, description="sandbox: kubernetes only; None there = the defaults"
+    )
+    # One choice, named so a config says what it runs on: serverless reward endpoints are Ray Serve
+    # deployments (infra/serve.py). Anything else is refused rather than accepted and ignored.
     serverless: Literal["ray-serve"] = "ray-serve"
 
     @model_validator(mode="after")
     def _store_bytes_need_mooncake(self) -> BackendsConfig:
         if self.weight_store_bytes is not None and self.weight_store != "mooncake":
             raise ValueError("weight_store_bytes sizes the Mooncake store; weight_store is not mooncake")
-        if self.tensor_parallel > 1 and self.training != "megatron":
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            if getattr(self, name) > 1 and self.training != "megatron":
+                raise ValueError(
+                    f"{name} {getattr(self, name)} needs training: megatron (torch is one process)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_sandbox(self) -> BackendsConfig:
+        if self.sandbox != "kubernetes" and self.kubernetes_sandbox is not None:
             raise ValueError(
-                f"tensor_parallel {self.tensor_parallel} needs training: megatron (torch is one process)"
+                f"kubernetes_sandbox: only sandbox: kubernetes uses it (sandbox is {self.sandbox})"
             )
+        if self.sandbox == "kubernetes" and self.kubernetes_sandbox is None:
+            self.kubernetes_sandbox = KubernetesSandboxConfig()
         return self
 
 
@@ -240,6 +290,15 @@ class ExperimentConfig(Strict):
         dupes = repeated([t.name for t in self.tasks])
         if dupes:
             raise ValueError(f"duplicate task names: {', '.join(dupes)} (set tasks[i].name)")
+        return self
+
+    @model_validator(mode="after")
+    def _sandbox_has_code_to_run(self) -> ExperimentConfig:
+        if self.backends.sandbox != "bwrap" and not any(t.env in SANDBOX_ENVS for t in self.tasks):
+            raise ValueError(
+                f"backends.sandbox: {self.backends.sandbox} runs the code of tasks with env "
+                f"{' or '.join(SANDBOX_ENVS)}; no task has one"
+            )
         return self
 
     @model_validator(mode="after")

@@ -85,6 +85,13 @@ class TaskConfig(Strict):
             raise unknown_choice("environment", v, ENV_NAMES)
         return v
 
+    @field_validator("env_args")
+    @classmethod
+    def _sandbox_is_a_backend(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "sandbox" in v:
+            raise ValueError("sandbox: set backends.sandbox (and backends.kubernetes_sandbox), not a task's")
+        return v
+
     @model_validator(mode="after")
     def _eval_split(self) -> TaskConfig:
         if self.eval_samples > 1 and self.eval_temperature == 0:
@@ -92,8 +99,12 @@ class TaskConfig(Strict):
                 "eval_samples: greedy evaluation plays each problem one way; set eval_temperature"
             )
         if self.eval_problems == 0:
+            # by value, not by presence: a resolved config writes every field, its defaults included
+            fields = type(self).model_fields
             unused = [
-                k for k in ("eval_fraction", "eval_temperature", "eval_samples") if k in self.model_fields_set
+                k
+                for k in ("eval_fraction", "eval_temperature", "eval_samples")
+                if getattr(self, k) != fields[k].default
             ]
             if unused:
                 raise ValueError(f"{unused[0]}: set eval_problems too (nothing is evaluated without it)")

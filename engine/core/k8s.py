@@ -12,6 +12,8 @@ What they hold (validated offline by `engine/core/k8s_schema.py`; no API server 
   experiment config in its resolved form.
 - a **NetworkPolicy**: the cluster's pods take traffic only from each other (Mooncake and the Ray servers
   have no authentication of their own beyond Ray's token), plus the Prefect worker's egress to its API.
+- with `backends.sandbox: kubernetes`, the sandbox pods' deny-all **NetworkPolicy** in their namespace
+  (the backend also creates it when missing; here it exists before the first pod).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 
 from engine.config import GPU_KINDS, ExperimentConfig, PoolConfig
 from engine.core.resources import ray_resource
+from infra.sandbox.k8s_objects import network_policy
 
 GPUS_PER_POD = 8  # a node's GPUs at most: a larger pool is several pods
 APP_LABEL = "app.kubernetes.io/part-of"
@@ -149,6 +152,7 @@ def render(
     # in the head pod: services on the pod's IP, runs under the pod's data directory
     in_pod = {"run_root": "/data/runs", "network": cfg.network.model_copy(update={"host": "auto"})}
     config_yaml = cfg.model_copy(update=in_pod).to_yaml()
+    sandbox = cfg.backends.kubernetes_sandbox
     return [
         {
             "apiVersion": "v1",
@@ -187,6 +191,7 @@ def render(
                 "ingress": [{"from": [{"podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}}}]}],
             },
         },
+        *([network_policy(sandbox.namespace)] if sandbox else []),
     ]
 
 

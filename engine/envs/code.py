@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.envs.base import Env, EnvStep, extract_answer, unknown_choice
 from engine.types import Profile
-from infra.sandbox import run_python
+from infra.sandbox import make_sandbox
 
 _FENCE = "```"
 _MARKER = "__HIDDEN_TEST_RESULTS__ "
@@ -101,7 +101,8 @@ class CodeEnv(Env):
     """One step: the answer's code is run against the problem's hidden tests in `infra.sandbox`.
 
     Reward = fraction of tests passed; `info["success"]` when all pass. An answer with no code is
-    invalid (reward 0). `problem` fixes the problem; otherwise the reset seed picks one.
+    invalid (reward 0). `problem` fixes the problem; otherwise the reset seed picks one. `sandbox`:
+    `make_sandbox`'s arguments, which the run sets from `backends.sandbox` (default: bubblewrap).
     """
 
     name = "code"
@@ -111,7 +112,9 @@ class CodeEnv(Env):
         "or inside <answer>...</answer>; it is graded by hidden tests."
     )
 
-    def __init__(self, problem: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, problem: str | None = None, timeout_s: float = 5.0, sandbox: dict[str, Any] | None = None
+    ) -> None:
         if problem is not None and problem not in _BY_NAME:
             raise unknown_choice("code problem", problem, list(_BY_NAME))
         if timeout_s <= 0:
@@ -119,6 +122,7 @@ class CodeEnv(Env):
         self.problem_name = problem
         self.timeout_s = timeout_s
         self.problem: Problem | None = None
+        self.sandbox = make_sandbox(**(sandbox or {}))
 
     async def reset(self, seed: int) -> str:
         name = self.problem_name
@@ -140,7 +144,7 @@ class CodeEnv(Env):
             return EnvStep("No code found.", 0.0, True, info)
         inputs = [args for args, _ in problem.tests]
         harness = _HARNESS % {"source": code, "inputs": inputs, "name": problem.name, "marker": _MARKER}
-        result = await asyncio.to_thread(run_python, harness, timeout_s=self.timeout_s)
+        result = await asyncio.to_thread(self.sandbox.run_python, harness, timeout_s=self.timeout_s)
         results = _parse_results(result.stdout) or []
         passed = sum(got == repr(want) for got, (_, want) in zip(results, problem.tests, strict=False))
         info = {

@@ -21,6 +21,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ADAPTERS)
 SPLIT_ENVS: tuple[str, ...] = ("frozenlake", "reasoning_gym")  # envs with a held-out split by text
+SANDBOX_ENVS: tuple[str, ...] = ("code",)  # envs that run model-written code: they take `sandbox`
 
 
 def make_env(name: str, **env_args: Any) -> Env:

@@ -182,6 +182,16 @@ def test_role_gpus_colocate_in_gpu_pools_and_are_refused_where_nothing_would_use
         load_config(FROZENLAKE, ["resources.roles.actor_gen.pool=cpu", "resources.roles.actor_gen.gpus=0.5"])
 
 
+def test_a_task_without_evaluation_loads_back_from_its_resolved_form():
+    """The resolved YAML writes every field (eval_fraction: null, the default eval settings): refusing eval
+    settings without eval_problems goes by value, so the printed config of such a task loads again."""
+    cfg = load_config(FROZENLAKE, ["tasks=[{env: synthetic, env_args: {turns: 2}}]"])
+    assert cfg.tasks[0].eval_problems == 0 and "eval_fraction: null" in cfg.to_yaml()
+    assert ExperimentConfig.model_validate(yaml.safe_load(cfg.to_yaml())) == cfg
+    with pytest.raises(ConfigError, match="eval_fraction: set eval_problems too"):
+        load_config(FROZENLAKE, ["tasks=[{env: synthetic, eval_fraction: 0.3}]"])
+
+
 def test_the_environment_role_defaults_to_the_first_cpu_pool_and_is_one_worker():
     cfg = load_config(FROZENLAKE)  # its roles name no environment: the first cpu pool, in the resolved form
     assert cfg.resources.roles["environment"].pool == "cpu" and "environment:" in cfg.to_yaml()

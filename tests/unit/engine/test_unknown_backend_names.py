@@ -20,7 +20,7 @@ def test_unknown_backend_names_are_config_errors_naming_field_and_choices():
         )
     assert sorted(e.value.problems) == [
         "backends.generation: Input should be 'vllm', 'hf' or 'modelled'",
-        "backends.sandbox: Input should be 'bwrap'",
+        "backends.sandbox: Input should be 'bwrap' or 'kubernetes'",
         "backends.serverless: Input should be 'ray-serve'",
         "backends.training: Input should be 'torch' or 'megatron'",
         "backends.weight_store: Input should be 'mooncake' or 'ray'",

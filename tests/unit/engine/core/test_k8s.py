@@ -89,3 +89,25 @@ def test_validation_names_what_is_wrong_in_the_cluster_and_in_its_pod_templates(
     assert "spec.headGroupSpec.template:" in found and "'port' was unexpected" in found
     with pytest.raises(ValueError, match="do not validate"):
         validate([bad])
+
+
+def test_a_kubernetes_sandbox_adds_its_deny_all_policy_in_the_sandbox_namespace():
+    cfg = load_config(
+        data={"tasks": [{"env": "code"}]},
+        overrides=["backends.sandbox=kubernetes", "backends.kubernetes_sandbox.namespace=sbx"],
+    )
+    manifests = render(cfg, image="i")
+    assert [m["kind"] for m in manifests] == [
+        "Secret",
+        "ConfigMap",
+        "RayCluster",
+        "NetworkPolicy",
+        "NetworkPolicy",
+    ]
+    validate(manifests)
+    sandbox = manifests[-1]
+    assert sandbox["metadata"]["namespace"] == "sbx"
+    assert sandbox["spec"] == {
+        "podSelector": {"matchLabels": {"rollart.io/sandbox": "true"}},
+        "policyTypes": ["Ingress", "Egress"],
+    }

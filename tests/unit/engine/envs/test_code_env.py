@@ -1,10 +1,13 @@
-"""CodeEnv graded by the real bubblewrap sandbox: right code scores 1, wrong code less, garbage 0."""
+"""CodeEnv graded by the real bubblewrap sandbox (default): right code scores 1, wrong less, garbage 0."""
 
 import pytest
 
+from engine.actor_args import task_specs
+from engine.config import load_config
 from engine.envs.code import PROBLEMS, CodeEnv, extract_code
 from engine.envs.registry import make_env
 from engine.types import Profile
+from tests.unit.infra.sandbox.api_replay import LOG, NS, POD, PODS, POLICY, ApiReplay, kubeconfig, recorded
 
 SOLUTIONS = {
     "add": "def add(a, b):\n    return a + b",
@@ -94,3 +97,39 @@ async def test_seed_picks_the_problem_and_step_needs_a_reset():
         await env.step("x")
     with pytest.raises(ValueError, match=r"unknown code problem 'ad' \(did you mean 'add'\?\)"):
         CodeEnv(problem="ad")
+
+
+async def test_a_code_task_on_the_kubernetes_sandbox_grades_what_its_pod_printed(tmp_path):
+    """The config's choice reaches the env (task_specs → env args) and the harness runs in a pod; the
+    cluster is the replaying API server of tests/unit/infra/sandbox (no live cluster)."""
+    api = ApiReplay()
+    try:
+        api.script(
+            {
+                f"GET {POLICY}/rollart-sandbox-deny-all": [(404, recorded("networkpolicy-not-found.json"))],
+                f"POST {POLICY}": [(201, recorded("networkpolicy-created.json"))],
+                f"POST {PODS}": [(201, recorded("pod-created.json"))],
+                f"GET {POD}": [(200, recorded("pod-succeeded.json"))],
+                f"GET {LOG}": [(200, '\n__HIDDEN_TEST_RESULTS__ ["3", "0", "42", "-1"]\n')],
+                f"DELETE {POD}": [(200, recorded("pod-deleted.json"))],
+            }
+        )
+        path = kubeconfig(tmp_path, api.url)
+        cfg = load_config(
+            data={"tasks": [{"env": "code", "env_args": {"problem": "add"}}]},
+            overrides=[
+                "backends.sandbox=kubernetes",
+                f"backends.kubernetes_sandbox={{kubeconfig: {path}, namespace: {NS}}}",
+            ],
+        )
+        (spec,) = task_specs(cfg)
+        env = make_env(spec.env, **spec.env_args)
+        await env.reset(0)
+        step = await env.step(f"```python\n{SOLUTIONS['add']}\n```")
+    finally:
+        api.close()
+    assert (step.reward, step.info["passed"]) == (0.75, 3)
+    assert step.info["sandbox"] == {"returncode": 0, "timed_out": False}
+    harness = api.calls[2].body["spec"]["containers"][0]["command"][5]
+    assert repr(SOLUTIONS["add"]) in harness  # the harness, with the answer's code, ran in the pod
+    assert api.sequence()[-1] == f"DELETE {POD}"

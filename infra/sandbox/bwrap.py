@@ -24,8 +24,10 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from infra.sandbox.base import SandboxResult, SandboxUnavailable
 
 _SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin")
 _SCRIPT = "/tmp/main.py"
@@ -33,20 +35,6 @@ _UID_BASE = 1_000_000  # far above the uids of real accounts
 _UID_SLOTS = 256  # per-process slots: uid = base + pid * slots + slot stays below 2**32 for any pid
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
-
-
-class SandboxUnavailable(RuntimeError):
-    """bubblewrap or the interpreter layout the sandbox needs is missing on this host."""
-
-
-@dataclass
-class SandboxResult:
-    returncode: int | None  # None when killed before the program could report one
-    stdout: str
-    stderr: str
-    timed_out: bool
-    killed_reason: str | None  # "timeout" (wall clock) or "output" (over max_output), else None
-    wall_s: float
 
 
 def bwrap_available() -> bool:
@@ -231,3 +219,15 @@ def _wait_exit(pidfd: int, timeout_s: float = 10.0) -> None:
     os.close(pidfd)
     if not exited:
         raise RuntimeError(f"sandbox pid namespace still alive {timeout_s} s after its bwrap exited")
+
+
+class Bwrap:
+    """`backends.sandbox: bwrap` as a `Sandbox`: `run_python` above; nothing to prepare beyond the binary."""
+
+    run_python = staticmethod(run_python)
+
+    def warmup(self) -> dict[str, Any]:
+        return {
+            "backend": "bwrap",
+            "bubblewrap": shutil.which("bwrap") or "missing (code tasks would be refused)",
+        }
