@@ -212,14 +212,14 @@ class Experiment:
             "dtype": cfg.model.dtype,
         }
         faults = cfg.faults
-        tp = cfg.backends.tensor_parallel
+        tp, pp = cfg.backends.tensor_parallel, cfg.backends.pipeline_parallel
         self.deploy_reward()
         score = self._score()
         self.clusters["train"] = Cluster(
             "train",
             FaultyTrainWorker if faults.trainer_faults else TrainWorker,
             self.rm,
-            roles["actor_train"].model_copy(update={"count": tp}),  # one trainer: its tensor-parallel ranks
+            roles["actor_train"].model_copy(update={"count": tp * pp}),  # one trainer: its ranks
             worker_config={
                 "model_dir": self.model_dir,
                 "trainer": train_cfg,
@@ -227,7 +227,8 @@ class Experiment:
                 "threads": self._threads("actor_train"),
                 "training": cfg.backends.training,
                 "tensor_parallel": tp,
-                "rendezvous": _rendezvous() if tp > 1 else None,
+                "pipeline_parallel": pp,
+                "rendezvous": _rendezvous() if tp * pp > 1 else None,
                 "faults": faults.model_dump(),
                 **common,
             },
@@ -288,7 +289,7 @@ class Experiment:
         for c in self.clusters.values():  # all roles were requested at once: their imports overlap
             c.ready()
         return {
-            "train": tp,
+            "train": tp * pp,
             "gen": len(slots),
             "rollout": roles["environment"].pool,
             "namespace": self.namespace,
@@ -342,7 +343,7 @@ class Experiment:
 
     @property
     def trainer(self) -> Any:
-        """The trainer's actor, or its tensor-parallel ranks behind one handle."""
+        """The trainer's actor, or its tensor- and pipeline-parallel ranks behind one handle."""
         ranks = [w.actor for w in self.clusters["train"].workers]
         return ranks[0] if len(ranks) == 1 else RankGroup(ranks)
 
@@ -400,13 +401,13 @@ class Experiment:
 
 
 def _rendezvous() -> str:
-    """Where tensor-parallel trainer ranks meet: a free loopback port, so all of them must be on this node
-    (tensor parallelism exchanges activations every layer: it belongs within a node)."""
+    """Where the trainer's model-parallel ranks meet: a free loopback port, so all of them must be on this
+    node (tensor parallelism exchanges activations every layer: it belongs within a node)."""
     nodes = [n for n in ray.nodes() if n["Alive"]]
     if len(nodes) > 1:
         raise ValueError(
-            f"backends.tensor_parallel > 1 runs its ranks on the driver's node; this Ray cluster has "
-            f"{len(nodes)} nodes, and placing the ranks together there is not implemented yet"
+            f"backends.tensor_parallel × pipeline_parallel > 1 runs its ranks on the driver's node; this Ray "
+            f"cluster has {len(nodes)} nodes, and placing the ranks together there is not implemented yet"
         )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,9 +29,11 @@ def _first(*results: Any) -> Any:
 
 
 class RankGroup:
-    """The ranks of one role that work in lockstep (tensor-parallel trainer processes) behind one handle,
-    as an actor's: `group.m.remote(...)` calls `m` on every rank at once (their collectives need all of
-    them) and gives rank 0's result, as an ObjectRef that fails if any rank's call failed."""
+    """The ranks of one role that work in lockstep (the trainer's tensor- and pipeline-parallel processes)
+    behind one handle, as an actor's: `group.m.remote(...)` calls `m` on every rank at once (their
+    collectives need all of them) and gives rank 0's result, as an ObjectRef that fails if any rank's call
+    failed. Rank 0 is the first pipeline stage: what only the last stage computes (the loss, sampled
+    tokens) is sent to every rank by the trainer itself (engine.train.megatron.pipeline)."""
 
     def __init__(self, actors: list[Any]):
         if not actors:

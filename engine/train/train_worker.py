@@ -3,11 +3,13 @@
 config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
 "bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores),
 "training": "torch" (the HF model, default) or "megatron" (a Megatron-core GPTModel converted from it,
-engine/train/megatron; weights still published and saved in HF names), "tensor_parallel": int (Megatron's
-ranks: the cluster's workers, rank r of them holding slice r of each layer) and "rendezvous":
-"tcp://host:port" (where the ranks meet; with more than one)}.
-Tensor-parallel ranks are called together (`engine.core.handles.RankGroup`): every rank takes each call,
-and only rank 0 publishes weights and writes checkpoints.
+engine/train/megatron; weights still published and saved in HF names), "tensor_parallel" and
+"pipeline_parallel": ints (Megatron's ranks: the cluster's tensor_parallel × pipeline_parallel workers, rank
+r holding slice r mod tensor_parallel of each layer of pipeline stage r div tensor_parallel) and
+"rendezvous": "tcp://host:port" (where the ranks meet; with more than one)}.
+The ranks are called together (`engine.core.handles.RankGroup`): every rank takes each call and returns
+the same result (the last pipeline stage's metrics and tokens reach every rank), and only rank 0 publishes
+weights and writes checkpoints.
 A training step takes whole GRPO groups (never partial ones), reports loss/clip/entropy/KL/grad-norm/
 tokens-per-s plus the batch's rewards and staleness.
 
@@ -61,19 +63,19 @@ class TrainWorker(Worker):
         training = self.config.get("training", "torch")
         if training not in ("torch", "megatron"):
             raise ValueError(f"training: unknown backend {training!r}; choose torch or megatron")
-        tp = int(self.config.get("tensor_parallel", 1))
-        if tp != self.world_size or (tp > 1 and training != "megatron"):
+        tp, pp = int(self.config.get("tensor_parallel", 1)), int(self.config.get("pipeline_parallel", 1))
+        if tp * pp != self.world_size or (tp * pp > 1 and training != "megatron"):
             raise ValueError(
-                f"tensor_parallel {tp} needs training: megatron and {tp} workers (has {self.world_size})"
+                f"tensor_parallel {tp} × pipeline_parallel {pp} needs training: megatron and {tp * pp} "
+                f"workers (has {self.world_size})"
             )
 
         def policy() -> ModelSource:
             if training == "megatron":
                 from engine.train.megatron.model import MegatronLM  # imports megatron-core: only when used
 
-                return MegatronLM(
-                    self.model_dir, tp=tp, rank=self.rank, address=self.config.get("rendezvous")
-                )
+                address = self.config.get("rendezvous")
+                return MegatronLM(self.model_dir, tp=tp, rank=self.rank, address=address, pp=pp)
             return self.model_dir
 
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
@@ -117,7 +119,7 @@ class TrainWorker(Worker):
 
     def publish(self, bucket_bytes: int | None = None) -> dict[str, float]:
         """Push the current weights as version `self.version()` to the weight store."""
-        state = self.trainer.state_dict()  # whole: on tensor-parallel ranks every rank takes part
+        state = self.trainer.state_dict()  # whole: with several ranks every rank takes part
         if not self.trainer.writes:
             return {}
         if self.publisher is None:

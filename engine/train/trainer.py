@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -110,6 +111,11 @@ class TorchTrainer:
         self.dtype = resolve_dtype(self.config.dtype, self.device.type)
         self.model = _load(model, self.device)
         self.ref_model = _load(ref_model, self.device) if ref_model is not None else None
+        staged = [hasattr(m, "run_micro_batches") for m in (self.model, self.ref_model) if m is not None]
+        if staged == [True, False]:
+            raise ValueError(
+                "ref_model: a policy that runs its own micro-batches (MegatronLM) needs one that does"
+            )
         if self.ref_model is not None:
             self.ref_model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -133,6 +139,7 @@ class TorchTrainer:
             ("is_weight_mean", "is_truncated_frac") if cfg.clip_to == "proximal" else ()
         )
         totals = dict.fromkeys(("loss", "entropy", *averaged), 0.0)
+        micros = []
         for lo in range(0, len(batch), cfg.micro_batch_size):
             micro = batch.rows(lo, lo + cfg.micro_batch_size)
             micro_tokens = float(micro.loss_mask.sum())
@@ -143,9 +150,10 @@ class TorchTrainer:
                 weight = micro_tokens / action_tokens
             else:
                 weight = float((micro.loss_mask.sum(dim=1) > 0).sum()) / valid_seqs
-            loss, stats, entropy_sum = self._micro_loss(micro)
-            (loss * weight).backward()
-            totals["loss"] += loss.item() * weight
+            micros.append((micro, weight))
+        for (micro, weight), (loss, stats, entropy_sum) in zip(micros, self._backward(micros), strict=True):
+            micro_tokens = float(micro.loss_mask.sum())
+            totals["loss"] += loss * weight
             for key in averaged:
                 totals[key] += stats[key] * micro_tokens / action_tokens
             totals["entropy"] += entropy_sum / action_tokens
@@ -176,18 +184,72 @@ class TorchTrainer:
             "version": float(self.version),
         }
 
-    def _micro_loss(self, micro: TrainBatch) -> tuple[Tensor, dict[str, float], float]:
-        width = int(micro.attention_mask.sum(dim=1).max())  # drop columns that are padding in every row
-        ids = micro.input_ids[:, :width].to(self.device)
-        attn = micro.attention_mask[:, :width].to(self.device)
-        mask = micro.loss_mask[:, :width].to(self.device)
-        with self._autocast():
-            logprobs, entropy = self._scored(self.model, ids, attn, mask)
-            ref_logprobs = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logprobs, _ = self._scored(self.ref_model, ids, attn, mask)
-        loss, stats = policy_loss(
+    def _backward(
+        self, micros: list[tuple[TrainBatch, float]]
+    ) -> list[tuple[float, dict[str, float], float]]:
+        """Each micro-batch's loss, statistics and entropy sum, `loss * weight` backpropagated. A model that
+        runs its micro-batches itself (`run_micro_batches`: engine.train.megatron, whose pipeline stages
+        need them all) takes them in one call, `_staged`; the loss is the same."""
+        run = getattr(self.model, "run_micro_batches", None)
+        if run is not None:  # (a reference then has one too: __init__)
+            return self._staged(micros, run, getattr(self.ref_model, "run_micro_batches", None))
+        out = []
+        for micro, weight in micros:
+            ids, attn, mask = self._inputs(micro)
+            with self._autocast():
+                logprobs, entropy = self._scored(self.model, ids, attn, mask)
+                ref_logprobs = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref_logprobs, _ = self._scored(self.ref_model, ids, attn, mask)
+            loss, stats = self._loss(micro, logprobs, mask, ref_logprobs)
+            (loss * weight).backward()
+            out.append((loss.item(), stats, float((entropy * mask).sum())))
+        return out
+
+    def _staged(
+        self,
+        micros: list[tuple[TrainBatch, float]],
+        run: Callable[..., list[Any]],
+        ref_run: Callable[..., list[Any]] | None,
+    ) -> list[tuple[float, dict[str, float], float]]:
+        """`_backward` through the model's `run_micro_batches` (`run`): the loss is computed from each
+        micro-batch's logits where they are (the last pipeline stage), and its results reach every rank.
+        The KL reference's log-probs come first, from its own forward-only pass (`ref_run`)."""
+        inputs = [self._inputs(micro) for micro, _ in micros]
+        ids = [i for i, _, _ in inputs]
+        refs: list[Tensor | None] = [None] * len(micros)
+        if ref_run is not None:
+            with torch.no_grad():
+                refs = ref_run(
+                    ids,
+                    lambda k, logits: (None, self._logprobs(logits, ids[k])[0].cpu()),
+                    context=self._autocast,
+                )
+
+        def loss_of(k: int, logits: Tensor) -> tuple[Tensor, tuple[float, dict[str, float], float]]:
+            (micro, weight), (_, _, mask), ref = micros[k], inputs[k], refs[k]
+            logprobs, entropy = self._logprobs(logits, ids[k])
+            loss, stats = self._loss(micro, logprobs, mask, ref.to(self.device) if ref is not None else None)
+            return loss * weight, (loss.item(), stats, float((entropy * mask).sum()))
+
+        return run(ids, loss_of, backward=True, context=self._autocast)
+
+    def _inputs(self, micro: TrainBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """Input ids, attention and loss masks of `micro` on the device, without the columns that are
+        padding in every row."""
+        width = int(micro.attention_mask.sum(dim=1).max())
+        ids, attn, mask = (
+            t[:, :width].to(self.device) for t in (micro.input_ids, micro.attention_mask, micro.loss_mask)
+        )
+        return ids, attn, mask
+
+    def _loss(
+        self, micro: TrainBatch, logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor | None
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The GRPO loss of `micro` (engine.train.grpo.policy_loss) from the policy's log-probs."""
+        width = logprobs.shape[1]
+        return policy_loss(
             logprobs,
             micro.behavior_logprobs[:, :width].to(self.device),
             micro.advantages.to(self.device),
@@ -202,7 +264,10 @@ class TorchTrainer:
             proximal_logprobs=logprobs.detach() if self.config.clip_to == "proximal" else None,
             is_cap=self.config.is_cap,
         )
-        return loss, stats, float((entropy * mask).sum())
+
+    def _logprobs(self, logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token log-probs and entropies `(B, T)` of `ids` from full logits, at the temperature."""
+        return token_logprobs(logits / self.config.temperature, ids)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16")
@@ -220,9 +285,7 @@ class TorchTrainer:
         head, decoder = model.get_output_embeddings(), model.get_decoder()
         plain = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
         if plain or head is None or decoder is None or decoder is model:
-            return token_logprobs(
-                model(input_ids=ids, attention_mask=attn).logits / self.config.temperature, ids
-            )
+            return self._logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
         hidden = _decoded(decoder, ids, attn)
         sel = mask[:, 1:] > 0  # token t is read from the logits at position t - 1
         logp = torch.log_softmax(head(hidden[:, :-1][sel]).float() / self.config.temperature, dim=-1)
@@ -237,11 +300,11 @@ class TorchTrainer:
         """A CPU snapshot of the weights, named exactly as the HF model names them (for publishing)."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
-    # The edges a checkpoint uses. A model split over tensor-parallel ranks (engine.train.megatron) gives and
+    # The edges a checkpoint uses. A model split over model-parallel ranks (engine.train.megatron) gives and
     # takes whole weights and optimiser state there, every rank calling; only its rank 0 writes.
     @property
     def writes(self) -> bool:
-        """Whether this process writes what the trainer saves (False on tensor-parallel ranks but 0)."""
+        """Whether this process writes what the trainer saves (False on model-parallel ranks but 0)."""
         return int(getattr(self.model, "rank", 0)) == 0
 
     def hf_model(self) -> PreTrainedModel:

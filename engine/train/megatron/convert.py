@@ -1,4 +1,5 @@
-"""Hugging Face Llama/Qwen2 weights ⇄ a Megatron-core `GPTModel` (local layer spec, tensor/pipeline size 1).
+"""Hugging Face Llama/Qwen2 weights ⇄ a whole Megatron-core `GPTModel` (local layer spec; its tensor-parallel
+slices are cut in sharding.py, its pipeline stages in pipeline.py).
 
 What differs between the two layouts, per layer:
 - Attention: HF keeps q, k and v apart; Megatron fuses them into `linear_qkv`, grouped by key/value head:

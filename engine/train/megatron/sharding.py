@@ -80,10 +80,13 @@ def gather(local: Mapping[str, Tensor], tp: int, group: dist.ProcessGroup | None
 
 
 def grad_norm(
-    named: Iterable[tuple[str, torch.nn.Parameter]], tp: int, group: dist.ProcessGroup | None = None
+    named: Iterable[tuple[str, torch.nn.Parameter]],
+    tp: int,
+    group: dist.ProcessGroup | None = None,
+    stages: dist.ProcessGroup | None = None,
 ) -> float:
     """The 2-norm of the whole model's gradient: split parameters summed over the ranks, replicated ones
-    once (the same value on every rank)."""
+    once, and with `stages` (the pipeline group) every stage's sum added (the same value on every rank)."""
     grads = [(name, p.grad) for name, p in named if p.grad is not None]
     if not grads:
         return 0.0
@@ -98,4 +101,7 @@ def grad_norm(
             split_sq += sq
     if tp > 1:
         dist.all_reduce(split_sq, group=group)
-    return math.sqrt(float(split_sq + whole_sq))
+    total = split_sq + whole_sq
+    if stages is not None and stages.size() > 1:
+        dist.all_reduce(total, group=stages)
+    return math.sqrt(float(total))
