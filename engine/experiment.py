@@ -22,7 +22,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from engine.actor_args import store_bytes, task_specs, threads
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
-from engine.core.handles import RankGroup
 from engine.core.nodes import missing_pools
 from engine.core.resources import ResourceManager, ray_resource
 from engine.envs.base import Env
@@ -343,9 +342,9 @@ class Experiment:
 
     @property
     def trainer(self) -> Any:
-        """The trainer's actor, or its tensor- and pipeline-parallel ranks behind one handle."""
-        ranks = [w.actor for w in self.clusters["train"].workers]
-        return ranks[0] if len(ranks) == 1 else RankGroup(ranks)
+        """The trainer's ranks (one, or its tensor- and pipeline-parallel processes) behind one handle,
+        whose `@register` methods (`TrainWorker`) every rank takes."""
+        return self.clusters["train"].ranks()
 
     def protocol(self) -> IterationProtocol:
         gen = [w.actor for w in self.clusters["gen"].workers]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import FaultsConfig
+from engine.core.decorators import register
 from engine.envs.base import Env
 from engine.envs.faulty import FaultyEnv
 from engine.rollout.reward import ScoreFn, env_return
@@ -81,6 +82,7 @@ class FaultyTrainWorker(TrainWorker):
         self.fault = FaultsConfig(**self.config.get("faults", {}))
         self.raised = 0
 
+    @register
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         step = self.trainer.version + 1
         if step == self.fault.trainer_error_at_step and self.raised < self.fault.trainer_error_times:

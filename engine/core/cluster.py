@@ -21,6 +21,7 @@ from ray.exceptions import RayActorError
 
 from engine.config import GPU_KINDS, RoleConfig
 from engine.core.decorators import DispatchSpec, dispatch_spec
+from engine.core.handles import RankGroup
 from engine.core.resources import ResourceManager, ray_resource
 from engine.core.routing import pick
 from engine.core.worker import Worker
@@ -187,6 +188,16 @@ class Cluster:
         self.workers = []
 
     # routing -------------------------------------------------------------------------------------
+    def ranks(self) -> RankGroup:
+        """The workers as one actor-like handle whose `@register` methods every worker takes in lockstep
+        (`group.m.remote(...)` gives rank 0's result): how a run calls its trainer, one rank or several."""
+        declared = frozenset(
+            a
+            for a in dir(self.worker_cls)
+            if getattr(dispatch_spec(getattr(self.worker_cls, a, None)), "kind", None) == "all"
+        )
+        return RankGroup([w.actor for w in self.workers], declared)
+
     def serverless_client(self, method: str) -> ServerlessClient:
         """The client a `@register_serverless` method calls (picklable: a caller in another actor, the
         rollout's score function, holds it); a method declared otherwise, or without a URL, is refused."""

@@ -35,14 +35,19 @@ class RankGroup:
     failed. Rank 0 is the first pipeline stage: what only the last stage computes (the loss, sampled
     tokens) is sent to every rank by the trainer itself (engine.train.megatron.pipeline)."""
 
-    def __init__(self, actors: list[Any]):
+    def __init__(self, actors: list[Any], methods: frozenset[str] | None = None):
         if not actors:
             raise ValueError("RankGroup needs at least one actor")
         self.actors = actors
+        self.methods = (
+            methods  # the methods every rank takes (None: any); the Cluster passes its @register ones
+        )
 
     def __getattr__(self, method: str) -> _FanOut:
         if method.startswith("__") and method != "__ray_call__":
             raise AttributeError(method)
+        if self.methods is not None and method not in self.methods and method != "__ray_call__":
+            raise AttributeError(f"{method} is not a method every rank takes (declare it @register)")
         return _FanOut(self.actors, method)
 
 
@@ -51,4 +56,5 @@ class _FanOut:
         self.actors, self.method = actors, method
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return _first.remote(*[getattr(a, self.method).remote(*args, **kwargs) for a in self.actors])
+        refs = [getattr(a, self.method).remote(*args, **kwargs) for a in self.actors]
+        return refs[0] if len(refs) == 1 else _first.remote(*refs)  # one rank: its own ref, no extra task

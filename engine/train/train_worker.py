@@ -24,6 +24,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.core.decorators import register
 from engine.core.worker import Role, Worker, device
 from engine.types import Group
 from infra.weightstore.factory import open_store
@@ -88,9 +89,11 @@ class TrainWorker(Worker):
         store = self.config.get("store") if self.trainer.writes else None  # rank 0 publishes for all
         self.publisher = WeightPublisher(open_store(store), self.config["run_id"]) if store else None
 
+    @register
     def version(self) -> int:
         return self.trainer.version
 
+    @register
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         if not groups or any(not g.complete for g in groups):
             raise ValueError("train_step needs complete GRPO groups (a partial group is never trained)")
@@ -114,9 +117,11 @@ class TrainWorker(Worker):
         )
         return metrics
 
+    @register
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.state_dict()
 
+    @register
     def publish(self, bucket_bytes: int | None = None) -> dict[str, float]:
         """Push the current weights as version `self.version()` to the weight store."""
         state = self.trainer.state_dict()  # whole: with several ranks every rank takes part
@@ -127,18 +132,22 @@ class TrainWorker(Worker):
         size = bucket_bytes or int(self.config.get("bucket_bytes", 64 << 20))
         return self.publisher.publish(state, self.trainer.version, size)
 
+    @register
     def weights_sha256(self) -> str:
         return weights_sha256(self.trainer.state_dict())
 
+    @register
     def save(self, root: str, extra: dict[str, Any] | None = None) -> str:
         from engine.train.checkpoint import save_checkpoint
 
         return str(save_checkpoint(Path(root), self.trainer, tokenizer=self.tokenizer, extra=extra))
 
+    @register
     def load(self, path: str) -> dict[str, Any]:
         from engine.train.checkpoint import load_checkpoint
 
         return load_checkpoint(Path(path), self.trainer)
 
+    @register
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         return [self.trainer.greedy_generate(p, max_tokens) for p in prompts]

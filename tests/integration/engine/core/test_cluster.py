@@ -100,6 +100,14 @@ def test_register_gathers_from_all_workers(gen):
     assert gen.info() == [(0, "bandwidth"), (1, "compute"), (2, "compute")]
 
 
+def test_ranks_take_every_register_call_in_lockstep_and_nothing_else(gen):
+    """How a run calls its trainer: one handle; a `@register` method goes to every rank, rank 0 answers."""
+    group = gen.ranks()
+    assert ray.get(group.info.remote()) == (0, "bandwidth")
+    with pytest.raises(AttributeError, match="generate is not a method every rank takes"):
+        group.generate.remote(1, tag="decode-heavy")
+
+
 def kill(actor) -> None:
     """ray.kill is asynchronous: return once the actor really is gone."""
     ray.kill(actor, no_restart=True)
