@@ -307,7 +307,7 @@ class ExperimentConfig(Strict):
         if trainer is not None and trainer.count != 1:
             raise ValueError(
                 f"resources.roles.actor_train.count: one trainer per run (got {trainer.count}); to split it "
-                "over processes set backends.tensor_parallel (with training: megatron)"
+                "over processes set backends.tensor_parallel or pipeline_parallel (with training: megatron)"
             )
         return self
 
