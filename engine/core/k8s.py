@@ -13,7 +13,9 @@ What they hold (validated offline by `engine/core/k8s_schema.py`; no API server 
 - a **NetworkPolicy**: the cluster's pods take traffic only from each other (Mooncake and the Ray servers
   have no authentication of their own beyond Ray's token), plus the Prefect worker's egress to its API.
 - with `backends.sandbox: kubernetes`, the sandbox pods' deny-all **NetworkPolicy** in their namespace
-  (the backend also creates it when missing; here it exists before the first pod).
+  (the backend also creates it when missing; here it exists before the first pod) and a pre-pull
+  **DaemonSet** there, so every node has the sandbox image before the first sandbox pod needs it (the
+  `warmup_sandboxes` probe pod pulls it on one node only).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import yaml
 
 from engine.config import GPU_KINDS, ExperimentConfig, PoolConfig
 from engine.core.resources import ray_resource
-from infra.sandbox.k8s_objects import network_policy
+from infra.sandbox.k8s_objects import network_policy, prepull_daemonset
 
 GPUS_PER_POD = 8  # a node's GPUs at most: a larger pool is several pods
 APP_LABEL = "app.kubernetes.io/part-of"
@@ -191,7 +193,11 @@ def render(
                 "ingress": [{"from": [{"podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}}}]}],
             },
         },
-        *([network_policy(sandbox.namespace)] if sandbox else []),
+        *(
+            [network_policy(sandbox.namespace), prepull_daemonset(sandbox.namespace, sandbox.image)]
+            if sandbox
+            else []
+        ),
     ]
 
 

@@ -1,7 +1,8 @@
 """Offline validation of rendered manifests: no Kubernetes API server is reached.
 
-- Core kinds (Secret, ConfigMap, NetworkPolicy, ...) against the official Kubernetes JSON schemas that
-  `kubernetes-validate` ships, for `K8S_VERSION`, strict (an unknown field is an error).
+- Core kinds (Secret, ConfigMap, NetworkPolicy, the sandbox's pre-pull DaemonSet, ...) against the official
+  Kubernetes JSON schemas that `kubernetes-validate` ships, for `K8S_VERSION`, strict (an unknown field is
+  an error; the pod template of a DaemonSet included).
 - A RayCluster against `RAYCLUSTER`: a JSON schema written by hand from KubeRay's `ray.io/v1` API types
   (`ray-operator/apis/ray/v1/raycluster_types.go`: required fields, `rayStartParams` a map of strings, the
   replica counts integers). Its pod templates, most of the manifest, are checked as what they are — core

@@ -8,6 +8,14 @@ to limits, no service-account token or service links, a fixed non-root uid witho
 capabilities, the runtime's default seccomp profile, a read-only root filesystem and a size-capped,
 memory-backed /tmp. "No network" is the deny-all `NetworkPolicy` (every ingress and egress) selecting
 `SANDBOX_LABEL`; it holds only where the cluster's network plugin enforces NetworkPolicies.
+
+The pre-pull `DaemonSet` (`rollart k8s render` writes it) puts the sandbox image on every node a sandbox
+pod can land on before the first one starts, so a pod's start timeout is not spent pulling: an init
+container of the image runs `python3 -c pass` (the image is pulled, and python3 is proven to be on its
+PATH), then a `pause` container holds the pod (and so the image, against the kubelet's image garbage
+collection) at 10 millicores and 16 MiB. Its pods carry `PREPULL_LABEL`, not `SANDBOX_LABEL`: the sandbox
+reads and deletes its pods by name, but the deny-all policy's selector and the leftovers hint (`kubectl
+delete pod -l rollart.io/sandbox`) must mean the sandbox pods only.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ SANDBOX_LABEL = "rollart.io/sandbox"
 POLICY_NAME = "rollart-sandbox-deny-all"
 POD_PREFIX = "rollart-sandbox-"
 CONTAINER = "sandbox"
+PREPULL_NAME = "rollart-image-prepull"  # not POD_PREFIX: its pods are no sandbox pods
+PREPULL_LABEL = "rollart.io/sandbox-prepull"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 SANDBOX_UID = 65534  # nobody: the same uid in every image, owning nothing in it
 MAX_ARG_BYTES = (128 << 10) - 1  # Linux's limit on one exec argument (MAX_ARG_STRLEN, its NUL included)
 
@@ -63,6 +74,26 @@ def command(code: str, stdin: str, *, cpu_s: int, memory_bytes: int, tmp_bytes: 
     return ["python3", "-I", "-S", "-c", BOOT, code, stdin, str(cpu_s), str(memory_bytes), str(tmp_bytes)]
 
 
+def _container_security() -> dict[str, Any]:
+    """A container's hardening, shared by the sandbox and pre-pull pods so that neither is weaker."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    """A pod's hardening: a fixed non-root uid and gid (`SANDBOX_UID`) and the runtime's seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": SANDBOX_UID,
+        "runAsGroup": SANDBOX_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def pod(
     name: str,
     namespace: str,
@@ -83,12 +114,7 @@ def pod(
         "command": program,
         "workingDir": "/tmp",
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
@@ -101,12 +127,7 @@ def pod(
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": SANDBOX_UID,
-                "runAsGroup": SANDBOX_UID,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": _pod_security(),
             "containers": [container],
             "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(tmp_bytes)}}],
         },
@@ -122,5 +143,47 @@ def network_policy(namespace: str) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": {SANDBOX_LABEL: "true"}},
             "policyTypes": ["Ingress", "Egress"],
+        },
+    }
+
+
+def prepull_daemonset(namespace: str, image: str) -> dict[str, Any]:
+    """One pod per node of `namespace`'s cluster holding `image` pulled (see the module docstring).
+
+    No tolerations and no node selector: the sandbox pods have none either, so the DaemonSet lands on
+    exactly the nodes they can be scheduled on (tainted GPU nodes would only spend disk on the image).
+    The init container's limits leave room for python3's start; the pause container's are what it uses.
+    A fixed name: one sandbox namespace pre-pulls one image, that of the manifest applied last."""
+    labels = {PREPULL_LABEL: "true"}
+
+    def container(name: str, of: str, cpu: str, memory: str, **extra: Any) -> dict[str, Any]:
+        resources = {"cpu": cpu, "memory": memory}
+        return {
+            "name": name,
+            "image": of,
+            "imagePullPolicy": "IfNotPresent",  # as the sandbox pods: they then find it on the node
+            **extra,
+            "resources": {"requests": dict(resources), "limits": dict(resources)},
+            "securityContext": _container_security(),
+        }
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": PREPULL_NAME, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "selector": {"matchLabels": dict(labels)},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "initContainers": [
+                        container("pull", image, "100m", "64Mi", command=["python3", "-c", "pass"])
+                    ],
+                    "containers": [container("pause", PAUSE_IMAGE, "10m", "16Mi")],
+                },
+            },
         },
     }

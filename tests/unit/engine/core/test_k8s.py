@@ -91,10 +91,14 @@ def test_validation_names_what_is_wrong_in_the_cluster_and_in_its_pod_templates(
         validate([bad])
 
 
-def test_a_kubernetes_sandbox_adds_its_deny_all_policy_in_the_sandbox_namespace():
+def test_a_kubernetes_sandbox_adds_its_deny_all_policy_and_image_pre_pull_in_the_sandbox_namespace():
     cfg = load_config(
         data={"tasks": [{"env": "code"}]},
-        overrides=["backends.sandbox=kubernetes", "backends.kubernetes_sandbox.namespace=sbx"],
+        overrides=[
+            "backends.sandbox=kubernetes",
+            "backends.kubernetes_sandbox.namespace=sbx",
+            "backends.kubernetes_sandbox.image=registry.local/sandbox:7",
+        ],
     )
     manifests = render(cfg, image="i")
     assert [m["kind"] for m in manifests] == [
@@ -103,11 +107,33 @@ def test_a_kubernetes_sandbox_adds_its_deny_all_policy_in_the_sandbox_namespace(
         "RayCluster",
         "NetworkPolicy",
         "NetworkPolicy",
+        "DaemonSet",
     ]
     validate(manifests)
-    sandbox = manifests[-1]
-    assert sandbox["metadata"]["namespace"] == "sbx"
+    sandbox, prepull = manifests[-2:]
+    assert sandbox["metadata"]["namespace"] == prepull["metadata"]["namespace"] == "sbx"
     assert sandbox["spec"] == {
         "podSelector": {"matchLabels": {"rollart.io/sandbox": "true"}},
         "policyTypes": ["Ingress", "Egress"],
     }
+    (init,) = prepull["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == "registry.local/sandbox:7" and init["command"] == ["python3", "-c", "pass"]
+
+
+def test_without_a_kubernetes_sandbox_no_sandbox_manifest_is_rendered():
+    cfg = load_config(data={"tasks": [{"env": "code"}]}, overrides=["backends.sandbox=bwrap"])
+    kinds = [m["kind"] for m in render(cfg, image="i")]
+    assert kinds == ["Secret", "ConfigMap", "RayCluster", "NetworkPolicy"]
+
+
+def test_a_broken_pre_pull_daemonset_does_not_validate():
+    cfg = load_config(data={"tasks": [{"env": "code"}]}, overrides=["backends.sandbox=kubernetes"])
+    prepull = by_kind(render(cfg, image="i"))["DaemonSet"]
+    assert problems(prepull) == []
+    bad = copy.deepcopy(prepull)
+    bad["spec"]["template"]["spec"]["initContainers"][0]["comand"] = ["python3"]  # a typo'd field
+    (found,) = problems(bad)
+    assert found.startswith("DaemonSet/rollart-image-prepull: spec.template.spec.initContainers.0:")
+    assert "'comand' was unexpected" in found
+    with pytest.raises(ValueError, match="do not validate"):
+        validate([bad])

@@ -1,5 +1,6 @@
 """The sandbox pod's program, run here as the pod would run it (its /tmp a test folder): the code gets its
-stdin, its limits and a minimal environment, and its exit code is the container's."""
+stdin, its limits and a minimal environment, and its exit code is the container's. The pre-pull DaemonSet
+is as hardened as a sandbox pod, and no sandbox label selects its pods."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from infra.sandbox.k8s_objects import MAX_ARG_BYTES, command
+from engine.core.k8s_schema import problems
+from infra.sandbox.k8s_objects import (
+    MAX_ARG_BYTES,
+    PAUSE_IMAGE,
+    SANDBOX_LABEL,
+    command,
+    network_policy,
+    pod,
+    prepull_daemonset,
+)
 
 PROBE = """import json, os, resource, sys
 print(json.dumps({
@@ -57,3 +67,27 @@ def test_text_no_exec_argument_can_carry_is_refused():
     with pytest.raises(ValueError, match=f"the stdin travels .* at most {MAX_ARG_BYTES} bytes"):
         command("print(1)", "x" * (MAX_ARG_BYTES + 1), **limits)
     assert command("pass", "x" * MAX_ARG_BYTES, **limits)[6] == "x" * MAX_ARG_BYTES
+
+
+def test_the_pre_pull_daemonset_is_hardened_as_a_sandbox_pod_and_outside_the_sandbox_label():
+    ds = prepull_daemonset("sbx", "registry.local/sandbox:7")
+    assert problems(ds) == []
+    assert ds["metadata"]["namespace"] == "sbx"
+    template = ds["spec"]["template"]
+    assert ds["spec"]["selector"]["matchLabels"] == template["metadata"]["labels"]
+    labels = {**ds["metadata"]["labels"], **template["metadata"]["labels"]}
+    assert SANDBOX_LABEL not in labels  # the deny-all policy and `kubectl delete pod -l` mean sandbox pods
+    assert not set(labels) & set(network_policy("sbx")["spec"]["podSelector"]["matchLabels"])
+    sandbox = pod("p", "sbx", image="i", cpu="1", memory="1Gi", program=["true"], deadline_s=1, tmp_bytes=1)
+    spec = template["spec"]
+    assert spec["securityContext"] == sandbox["spec"]["securityContext"]
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert "tolerations" not in spec and "nodeSelector" not in spec  # the nodes a sandbox pod can land on
+    (init,) = spec["initContainers"]
+    (pause,) = spec["containers"]
+    assert (init["image"], init["command"]) == ("registry.local/sandbox:7", ["python3", "-c", "pass"])
+    assert pause["image"] == PAUSE_IMAGE
+    for c in (init, pause):
+        assert c["securityContext"] == sandbox["spec"]["containers"][0]["securityContext"]
+        assert c["resources"]["requests"] == c["resources"]["limits"]
+        assert c["imagePullPolicy"] == "IfNotPresent"  # as the sandbox pod's, which then finds it pulled
