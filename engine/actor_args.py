@@ -1,15 +1,19 @@
-"""What an experiment config becomes at the actor edge: task specs (with their sandbox), thread counts,
-weight-store sizes."""
+"""What an experiment config becomes at the actor edge: task specs (with their sandbox), the trainer's and
+the rollout's arguments, thread counts, weight-store sizes."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine.config import ExperimentConfig, TaskConfig
+from engine.envs.base import Env
 from engine.envs.registry import SANDBOX_ENVS
+from engine.faults import FaultyEnvFactory, FaultyScore
 from engine.rollout.env_manager import TurnLimits
+from engine.rollout.reward import RewardScorer, ScoreFn
 from engine.rollout.scheduler import TaskSpec
 from infra.sandbox.k8s_objects import kubeconfig_path
 
@@ -77,3 +81,53 @@ def task_specs(cfg: ExperimentConfig) -> list[TaskSpec]:
         )
         for t in cfg.tasks
     ]
+
+
+def trainer_args(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The train workers' `TrainerConfig` settings, under the trainer's names."""
+    t = cfg.train
+    return {
+        "lr": t.lr,
+        "warmup_steps": t.warmup_steps,
+        "micro_batch_size": t.micro_batch,
+        "max_grad_norm": t.grad_clip,
+        "weight_decay": t.weight_decay,
+        "clip_low": t.clip_low,
+        "clip_high": t.clip_high,
+        "clip_to": t.clip_to,
+        "is_cap": t.is_cap,
+        "kl_beta": t.kl_beta,
+        "seed": t.seed,
+        "temperature": cfg.rollout.temperature,
+        "dtype": cfg.model.dtype,
+    }
+
+
+def rollout_args(
+    cfg: ExperimentConfig,
+    model_dir: str,
+    proxy: Any,
+    env_factory: Callable[[TaskSpec], Env],
+    score: ScoreFn,
+) -> dict[str, Any]:
+    """The environment worker's `RolloutService` arguments (fault injection wrapped in where asked)."""
+    faults = cfg.faults
+    return {
+        "tasks": task_specs(cfg),
+        "tokenizer_dir": model_dir,
+        "proxy": proxy,
+        "mode": cfg.train.mode,
+        "alpha": cfg.train.alpha,
+        "concurrency": cfg.rollout.concurrency,
+        "redundancy": cfg.rollout.redundancy,
+        "batch_groups": cfg.train.batch_groups,
+        "seed": cfg.train.seed,
+        "granularity": cfg.rollout.granularity,
+        "env_factory": FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
+        "reward": RewardScorer(
+            FaultyScore(faults, score) if faults.reward_faults else score,
+            retries=cfg.rollout.reward_retries,
+            timeout_s=cfg.rollout.reward_timeout_s,
+        ),
+        "drop_uniform": cfg.train.drop_uniform_groups,
+    }

@@ -19,17 +19,17 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine.actor_args import store_bytes, task_specs, threads
+from engine.actor_args import rollout_args, store_bytes, threads, trainer_args
 from engine.config import ExperimentConfig
 from engine.core.cluster import Cluster
 from engine.core.nodes import missing_pools
 from engine.core.resources import ResourceManager, ray_resource
 from engine.envs.base import Env
-from engine.faults import FaultyEnvFactory, FaultyScore, FaultyTrainWorker
+from engine.faults import FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
-from engine.rollout.reward import RewardScorer, ScoreFn, env_return
+from engine.rollout.reward import ScoreFn, env_return
 from engine.rollout.reward_worker import RewardWorker
 from engine.rollout.rollout_worker import RolloutWorker
 from engine.rollout.scheduler import TaskSpec
@@ -195,21 +195,6 @@ class Experiment:
         """`env_factory` builds each trajectory's env (picklable: it travels to the rollout actor)."""
         cfg, roles = self.cfg, self.cfg.resources.roles
         common = {"store": self.store_spec, "run_id": self.run_id}
-        train_cfg = {
-            "lr": cfg.train.lr,
-            "warmup_steps": cfg.train.warmup_steps,
-            "micro_batch_size": cfg.train.micro_batch,
-            "max_grad_norm": cfg.train.grad_clip,
-            "weight_decay": cfg.train.weight_decay,
-            "clip_low": cfg.train.clip_low,
-            "clip_high": cfg.train.clip_high,
-            "clip_to": cfg.train.clip_to,
-            "is_cap": cfg.train.is_cap,
-            "kl_beta": cfg.train.kl_beta,
-            "seed": cfg.train.seed,
-            "temperature": cfg.rollout.temperature,
-            "dtype": cfg.model.dtype,
-        }
         faults = cfg.faults
         tp, pp = cfg.backends.tensor_parallel, cfg.backends.pipeline_parallel
         self.deploy_reward()
@@ -221,7 +206,7 @@ class Experiment:
             roles["actor_train"].model_copy(update={"count": tp * pp}),  # one trainer: its ranks
             worker_config={
                 "model_dir": self.model_dir,
-                "trainer": train_cfg,
+                "trainer": trainer_args(cfg),
                 "max_len": cfg.model.max_context,
                 "threads": self._threads("actor_train"),
                 "training": cfg.backends.training,
@@ -280,7 +265,7 @@ class Experiment:
             RolloutWorker,
             self.rm,
             roles["environment"],
-            worker_config=self._rollout_config(env_factory, score),
+            worker_config=rollout_args(cfg, self.model_dir, self.proxy, env_factory, score),
             max_concurrency=100_000,
             namespace=self.namespace,
             wait=False,
@@ -292,29 +277,6 @@ class Experiment:
             "gen": len(slots),
             "rollout": roles["environment"].pool,
             "namespace": self.namespace,
-        }
-
-    def _rollout_config(self, env_factory: Callable[[TaskSpec], Env], score: ScoreFn) -> dict[str, Any]:
-        """The environment worker's `RolloutService` arguments (fault injection wrapped in where asked)."""
-        cfg, faults = self.cfg, self.cfg.faults
-        return {
-            "tasks": task_specs(cfg),
-            "tokenizer_dir": self.model_dir,
-            "proxy": self.proxy,
-            "mode": cfg.train.mode,
-            "alpha": cfg.train.alpha,
-            "concurrency": cfg.rollout.concurrency,
-            "redundancy": cfg.rollout.redundancy,
-            "batch_groups": cfg.train.batch_groups,
-            "seed": cfg.train.seed,
-            "granularity": cfg.rollout.granularity,
-            "env_factory": FaultyEnvFactory(faults, env_factory) if faults.env_faults else env_factory,
-            "reward": RewardScorer(
-                FaultyScore(faults, score) if faults.reward_faults else score,
-                retries=cfg.rollout.reward_retries,
-                timeout_s=cfg.rollout.reward_timeout_s,
-            ),
-            "drop_uniform": cfg.train.drop_uniform_groups,
         }
 
     def _score(self) -> ScoreFn:
