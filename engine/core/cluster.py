@@ -93,9 +93,11 @@ class Cluster:
                 for rank in range(role.count)
             ]
         )
+        self.specs: dict[str, DispatchSpec] = {}  # method -> how it is dispatched (its decorator)
         for attr in dir(worker_cls):
             spec = dispatch_spec(getattr(worker_cls, attr, None))
             if spec is not None:
+                self.specs[attr] = spec
                 setattr(self, attr, _BoundMethod(self, attr, spec))
         if wait:
             self.ready()
@@ -191,17 +193,13 @@ class Cluster:
     def ranks(self) -> RankGroup:
         """The workers as one actor-like handle whose `@register` methods every worker takes in lockstep
         (`group.m.remote(...)` gives rank 0's result): how a run calls its trainer, one rank or several."""
-        declared = frozenset(
-            a
-            for a in dir(self.worker_cls)
-            if getattr(dispatch_spec(getattr(self.worker_cls, a, None)), "kind", None) == "all"
-        )
+        declared = frozenset(m for m, spec in self.specs.items() if spec.kind == "all")
         return RankGroup([w.actor for w in self.workers], declared)
 
     def serverless_client(self, method: str) -> ServerlessClient:
         """The client a `@register_serverless` method calls (picklable: a caller in another actor, the
         rollout's score function, holds it); a method declared otherwise, or without a URL, is refused."""
-        spec = dispatch_spec(getattr(self.worker_cls, method, None))
+        spec = self.specs.get(method)
         if spec is None or spec.kind != "serverless":
             raise ValueError(f"{self.name}: {self.worker_cls.__name__}.{method} is not a serverless method")
         return _BoundMethod(self, method, spec)._serverless()
@@ -209,7 +207,7 @@ class Cluster:
     def hw_tag(self, method: str) -> str:
         """The tag an `hw_mapping` method routes by (a router outside the cluster, the LLMProxy, routes the
         method's calls as declared); a method declared otherwise is refused."""
-        spec = dispatch_spec(getattr(self.worker_cls, method, None))
+        spec = self.specs.get(method)
         if spec is None or spec.kind != "hw":
             raise ValueError(f"{self.name}: {self.worker_cls.__name__}.{method} is not an hw_mapping method")
         return spec.tag_name
