@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report import at_least
 from engine.envs.base import Env
 from engine.rollout.scheduler import TaskSpec
 
@@ -63,18 +64,6 @@ class RunSettings:
 
 
 # -- arguments ---------------------------------------------------------------------------------------
-def at_least(kind: type, low: float) -> Any:
-    """An argparse type: `kind(text)`, which must be >= low."""
-
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
-        return value
-
-    return parse
-
-
 def add_run_arguments(parser: argparse.ArgumentParser, full: RunSettings, quick: RunSettings) -> None:
     """The options every async benchmark shares; each overrides its `--quick` or full default."""
 

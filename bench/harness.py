@@ -29,6 +29,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from bench.clock import VirtualClockLoop
+from bench.report import at_least
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
@@ -323,7 +324,9 @@ def add_clock_arguments(p: argparse.ArgumentParser, unit_ms: float) -> None:
         "--clock", choices=["virtual", "wall"], help="simulated clock (default) or real, scaled waiting"
     )
     p.add_argument(
-        "--unit-ms", type=float, help=f"with --clock wall: wall ms per modelled second ({unit_ms})"
+        "--unit-ms",
+        type=at_least(float, 0, strict=True),
+        help=f"with --clock wall: wall ms per modelled second ({unit_ms})",
     )
 
 

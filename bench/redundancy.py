@@ -29,7 +29,7 @@ from bench.harness import (
     modelled_slots,
     rollout_step,
 )
-from bench.report import new_figure, pick_settings, print_table, save_figure, write_json
+from bench.report import new_figure, numbers, pick_settings, print_table, save_figure, write_json
 
 PAPER_MAX_SPEEDUP = 1.62
 MODEL = "qwen2.5-7b"
@@ -53,20 +53,10 @@ FULL = Settings()
 QUICK = Settings(group_sizes=(4, 8), env_groups=(8, 16), redundancy=(0, 1, 2))
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
-    return values
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--group-sizes", type=_ints, help="GRPO group sizes G (default 4,8,16)")
-    p.add_argument("--env-groups", type=_ints, help="groups per step (default 8,32)")
-    p.add_argument("--redundancy", type=_ints, help="extra members per group r (default 0,1,2,4)")
+    p.add_argument("--group-sizes", type=numbers(int, 0), help="GRPO group sizes G (default 4,8,16)")
+    p.add_argument("--env-groups", type=numbers(int, 0), help="groups per step (default 8,32)")
+    p.add_argument("--redundancy", type=numbers(int, 0), help="extra members per group r (default 0,1,2,4)")
     p.add_argument("--straggler-rate", type=float, help=f"share of slow envs (default {FULL.straggler_rate})")
     p.add_argument(
         "--straggler-factor", type=float, help=f"how much slower (default {FULL.straggler_factor})"

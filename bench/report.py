@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,33 @@ def pick_settings(args: Any, full: S, quick: S) -> S:
     names = [f.name for f in fields(full)]  # type: ignore[arg-type]  # S is a dataclass
     given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     return replace(quick if getattr(args, "quick", False) else full, **given)
+
+
+def at_least(kind: type, low: float, strict: bool = False) -> Any:
+    """An argparse type: `kind(text)`, which must be >= low (> low when `strict`)."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text}")
+        return value
+
+    return parse
+
+
+def numbers(kind: type, low: float, strict: bool = False) -> Any:
+    """An argparse type: comma-separated `kind` values, each `at_least(kind, low, strict)`."""
+    one = at_least(kind, low, strict)
+
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(one(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}"
+            ) from None
+
+    return parse
 
 
 def new_figure(width: float = 6.0, height: float = 4.0, cols: int = 1) -> tuple[Figure, Any]:

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.async_runs import LatencyEnvs, at_least
-from bench.report import new_figure, pick_settings, print_table, save_figure, write_json
+from bench.async_runs import LatencyEnvs
+from bench.report import at_least, new_figure, numbers, pick_settings, print_table, save_figure, write_json
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
@@ -95,13 +95,6 @@ def _runs(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def _names(choices: tuple[str, ...]) -> Any:
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(x.strip() for x in text.split(","))
@@ -116,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="the experiment config trained (default configs/quickstart.yaml)")
     add("--runs", type=_runs, help="modes with their α, e.g. 'sync+,areal:1,rollart:1,rollart:2'")
-    add("--seeds", type=_ints, help="train.seed of each run (default 0,1,2)")
+    add("--seeds", type=numbers(int, 0), help="train.seed of each run (default 0,1,2)")
     add("--settings", type=_names(SETTINGS), help="plain, waiting or both (default both)")
     add("--layouts", type=_names(LAYOUTS), help="shared, split or both (default both)")
     add("--steps", type=at_least(int, 1), help="training steps per run")

@@ -27,8 +27,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.async_runs import at_least
-from bench.report import load_note, new_figure, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    at_least,
+    load_note,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 MiB = 1 << 20
 PAPER_HIDDEN = (0.67, 0.78)
@@ -49,16 +57,6 @@ FULL = Settings()
 QUICK = replace(FULL, model_mb=(16, 128), bucket_mb=(16, 64), steps=3)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers (MiB), got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"sizes must be >= 1 MiB, got {text!r}")
-    return values
-
-
 def _stores(text: str) -> tuple[str, ...]:
     values = tuple(text.split(","))
     if not values or any(v not in ("mooncake", "ray") for v in values):
@@ -70,10 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f, q = FULL, QUICK
     parser.add_argument("--stores", type=_stores, help="mooncake,ray (default both)")
     parser.add_argument(
-        "--model-mb", type=_ints, help=f"state dict sizes, MiB ({f.model_mb}; quick {q.model_mb})"
+        "--model-mb", type=numbers(int, 1), help=f"state dict sizes, MiB ({f.model_mb}; quick {q.model_mb})"
     )
     parser.add_argument(
-        "--bucket-mb", type=_ints, help=f"bucket sizes, MiB ({f.bucket_mb}; quick {q.bucket_mb})"
+        "--bucket-mb", type=numbers(int, 1), help=f"bucket sizes, MiB ({f.bucket_mb}; quick {q.bucket_mb})"
     )
     parser.add_argument(
         "--steps", type=at_least(int, 1), help=f"versions published per setting ({f.steps}; quick {q.steps})"

@@ -1,7 +1,9 @@
 import argparse
 from dataclasses import dataclass
 
-from bench.report import markdown_table, pick_settings
+import pytest
+
+from bench.report import at_least, markdown_table, numbers, pick_settings
 
 
 @dataclass(frozen=True)
@@ -28,3 +30,17 @@ def test_markdown_table() -> None:
         "| mixed | 2.000 |  |",
     ]
     assert markdown_table([]) == "(no rows)"
+
+
+def test_argument_types_check_bounds_and_lists() -> None:
+    assert at_least(int, 1)("1") == 1 and at_least(float, 0, strict=True)("0.5") == 0.5
+    assert numbers(int, 0)("0,3") == (0, 3) and numbers(float, 0)("1.5") == (1.5,)
+    for parse, text, said in [
+        (at_least(int, 1), "0", "must be >= 1, got 0"),
+        (at_least(float, 0, strict=True), "0", "must be > 0, got 0"),
+        (numbers(int, 1), "2,0", "must be >= 1, got 0"),
+        (numbers(int, 0), "1,x", "expected comma-separated integers, got '1,x'"),
+        (numbers(float, 0), "a", "expected comma-separated numbers, got 'a'"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=said):
+            parse(text)

@@ -1,10 +1,10 @@
 import asyncio
 import math
 import statistics
-import time
 
 import pytest
 
+from bench import clock
 from engine.envs.base import Env, EnvStep
 from engine.envs.frozenlake import FrozenLakeEnv
 from engine.envs.latency import LatencyEnv, LatencyModel
@@ -41,21 +41,26 @@ def test_bad_latency_parameters_are_rejected(mu: float, sigma: float, seed: int)
         LatencyModel(mu, sigma, seed=seed)
 
 
-async def test_wrapper_sleeps_the_drawn_times_then_delegates():
+def test_wrapper_sleeps_the_drawn_times_then_delegates():
     scale = 0.01
     env = LatencyEnv(
         FrozenLakeEnv(), reset_latency=(4.0, 1.0), step_latency=(3.0, 1.0), seed=5, time_scale=scale
     )
     assert env.instructions == FrozenLakeEnv.instructions
     actions = ["down", "down", "right", "right", "down", "right"]
-    start = time.perf_counter()
-    first = await env.reset(0)
-    steps = [await env.step(a) for a in actions]
-    elapsed = time.perf_counter() - start
+
+    async def play() -> tuple[str, list[EnvStep], float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        first = await env.reset(0)
+        steps = [await env.step(a) for a in actions]
+        return first, steps, loop.time() - start
+
+    first, steps, elapsed = clock.run(play())  # the simulated clock: only the sleeps pass time
     step_draws = env.step_model.draws(6)
     expected = (env.reset_model.draws(1)[0] + sum(step_draws)) * scale
     assert expected == pytest.approx(0.22, abs=0.1)
-    assert expected <= elapsed < expected + 0.2
+    assert elapsed == pytest.approx(expected, rel=1e-9)
     assert first.startswith("PFFF")
     assert [s.info["latency"] for s in steps] == step_draws
     assert (steps[-1].reward, steps[-1].done, steps[-1].info["success"]) == (1.0, True, True)
@@ -72,16 +77,21 @@ async def test_step_draws_continue_across_episodes():
     assert seen == env.step_model.draws(4)
 
 
-async def test_wrappers_sleep_concurrently():
+def test_wrappers_sleep_concurrently():
     envs = [
         LatencyEnv(
             FrozenLakeEnv(), reset_latency=(10.0, 0.0), step_latency=(0.0, 0.0), seed=i, time_scale=0.02
         )
         for i in range(4)
     ]
-    start = time.perf_counter()
-    await asyncio.gather(*(env.reset(0) for env in envs))
-    assert time.perf_counter() - start < 0.2 * 2  # four 0.2 s sleeps overlap: far less than 0.8 s
+
+    async def reset_all() -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.gather(*(env.reset(0) for env in envs))
+        return loop.time() - start
+
+    assert clock.run(reset_all()) == pytest.approx(0.2)  # four 0.2 s sleeps overlap, not 0.8 s
 
 
 class _Recorder(Env):

@@ -1,6 +1,8 @@
 import asyncio
-import time
 
+import pytest
+
+from bench import clock
 from engine.envs.base import Env, EnvStep
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
@@ -52,28 +54,28 @@ async def rollout_step_time(granularity: str) -> tuple[float, RolloutScheduler, 
         batch_groups=2,
         granularity=granularity,
     )
-    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     runner = asyncio.ensure_future(s.run())
     batch = await asyncio.wait_for(buf.get_batch(2, current_version=0), 5)
-    elapsed = time.perf_counter() - t0
+    elapsed = loop.time() - t0
     s.stop()
     await runner
     assert len(batch) == 2
     return elapsed, s, gen
 
 
-async def test_batch_granularity_waits_for_the_slowest_env_every_turn():
-    traj_s, _, _ = await rollout_step_time("trajectory")
-    batch_s, s, gen = await rollout_step_time("batch")
-    assert traj_s < 0.2 and batch_s > 0.28  # ~0.1 s vs ~0.3 s (sum of per-turn maxima)
+def test_batch_granularity_waits_for_the_slowest_env_every_turn():
+    # on the simulated clock (bench.clock): the envs' sleeps are the only time that passes
+    traj_s, _, _ = clock.run(rollout_step_time("trajectory"))
+    batch_s, s, gen = clock.run(rollout_step_time("batch"))
+    assert traj_s == pytest.approx(0.1) and batch_s == pytest.approx(0.3)  # the sum of per-turn maxima
     # the first wave's 4 members asked for each of their 3 turns as one batch
     first_wave = [r for r in gen.requests if r.request_id.split(".")[0] in ("g0", "g1")]
     assert len(first_wave) == 12 and s.counts["waves"] >= 1
 
 
 def test_batch_granularity_needs_room_for_a_whole_wave():
-    import pytest
-
     spec = TaskSpec("t", "multistep", {}, 1.0, 4, TurnLimits(5, 4, 1024), "prefill-heavy")
     with pytest.raises(ValueError, match=r"rollout\.concurrency must be >= 8, got 4"):
         RolloutScheduler(
