@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml requirements/common.txt requirements/$(VARIANT).txt scr
 
 install: $(STAMP)
 
+# Two test processes: most of a test's time is waiting (runs, servers, polls), which the other process
+# fills. --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest tests -q -ra --durations=15
+	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/unit -q
