@@ -1,6 +1,5 @@
 import asyncio
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -13,6 +12,7 @@ from engine.rollout.reward import RewardScorer
 from engine.rollout.scheduler import RolloutScheduler, TaskSpec
 from engine.rollout.staleness import StalenessPolicy
 from engine.types import TrajStatus
+from tests.simulated import on_simulated_clock
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
 
 
@@ -72,16 +72,18 @@ def scheduler(delays, tasks=None, concurrency=6, redundancy=0, mode="rollart", a
 
 async def run_until(s, cond, timeout=5.0):
     runner = asyncio.ensure_future(s.run())
-    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     while not cond():
-        assert time.perf_counter() - t0 < timeout, s.counts
+        assert loop.time() - t0 < timeout, s.counts
         await asyncio.sleep(0.005)
     s.stop()
     await asyncio.wait_for(runner, 5)
 
 
 async def settled_starts(s, complete: int) -> int:
-    """Groups started once `complete` groups have completed and the scheduler had time to start more."""
+    """Groups started once `complete` groups have completed and the scheduler had time to start more (on the
+    simulated clock, a sleep passes only once nothing else is ready to run: the scheduler has settled)."""
     async with asyncio.timeout(2):
         while s.counts["groups_complete"] < complete:
             await asyncio.sleep(0.005)
@@ -89,14 +91,16 @@ async def settled_starts(s, complete: int) -> int:
     return s.counts["groups_started"]
 
 
+@on_simulated_clock
 async def test_redundant_members_first_g_kept_rest_cancelled():
     delays = lambda i: [0.01, 0.02, 0.03, 0.04, 2.0, 2.0][i] if i < 6 else 2.0  # noqa: E731
     s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
-    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     batch_task = asyncio.ensure_future(buf.get_batch(1, current_version=0))
     runner = asyncio.ensure_future(s.run())
     [group] = await asyncio.wait_for(batch_task, 2)
-    elapsed = time.perf_counter() - t0
+    elapsed = loop.time() - t0
     s.stop()
     await runner
     assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
@@ -107,6 +111,7 @@ async def test_redundant_members_first_g_kept_rest_cancelled():
     assert s.counts["groups_complete"] == 1
 
 
+@on_simulated_clock
 async def test_redundancy_keeps_the_first_g_by_launch_order_not_the_fastest():
     # m0 is the slowest; m4 and m5 finish first but are spares: the group waits for m0
     delays = lambda i: [0.3, 0.05, 0.05, 0.05, 0.01, 0.01][i] if i < 6 else 2.0  # noqa: E731
@@ -119,6 +124,7 @@ async def test_redundancy_keeps_the_first_g_by_launch_order_not_the_fastest():
     assert [(t.status, t.failure) for t in spares] == [(TrajStatus.ABORTED, "redundant")] * 2
 
 
+@on_simulated_clock
 async def test_a_spare_takes_the_place_of_a_failed_member_in_launch_order():
     delays = lambda i: OSError("lost") if i == 1 else ([0.01, 0, 0.01, 0.01, 0.2, 0.01] + [0.01] * 6)[i % 12]  # noqa: E731
     s, buf, _, _ = scheduler(delays, concurrency=6, redundancy=2)
@@ -129,6 +135,7 @@ async def test_a_spare_takes_the_place_of_a_failed_member_in_launch_order():
     assert s.counts["members_refilled"] == 0
 
 
+@on_simulated_clock
 async def test_a_group_with_uniform_rewards_is_dropped_and_replaced():
     # reward = the step's delay: the first group's two members both earn 0.01, the next one's differ
     delays = lambda i: [0.01, 0.01, 0.01, 0.02][i] if i < 4 else 0.03  # noqa: E731
@@ -142,6 +149,7 @@ async def test_a_group_with_uniform_rewards_is_dropped_and_replaced():
     assert s.counts["groups_dropped_uniform"] == 1
 
 
+@on_simulated_clock
 async def test_a_dropped_group_of_a_wave_is_replaced_so_the_batch_fills():
     s, buf, _, _ = scheduler(
         lambda i: OSError("down") if i < 2 else 0.01,
@@ -173,6 +181,7 @@ def test_a_restored_scheduler_draws_the_problems_that_come_next():
     assert [(g.group_id, g.task.name, g.seed) for g in (resumed._new_group() for _ in range(3))] == drawn[5:]
 
 
+@on_simulated_clock
 async def test_failed_member_is_replaced_so_the_group_completes_whole():
     delays = lambda i: OSError("sandbox lost") if i == 0 else 0.01  # noqa: E731
     s, buf, _, _ = scheduler(delays, tasks=[task(group_size=2)], concurrency=2)
@@ -183,6 +192,7 @@ async def test_failed_member_is_replaced_so_the_group_completes_whole():
     assert s.counts["members_refilled"] == 1 and s.counts["member_failed_OSError"] == 1
 
 
+@on_simulated_clock
 async def test_group_that_cannot_be_completed_is_dropped_whole():
     s, buf, _, _ = scheduler(
         lambda i: OSError("down"), tasks=[task(group_size=2)], concurrency=2, max_refills=2
@@ -191,6 +201,7 @@ async def test_group_that_cannot_be_completed_is_dropped_whole():
     assert buf.complete_groups() == [] and len(buf) == 0
 
 
+@on_simulated_clock
 async def test_concurrency_bound_is_kept_and_filled():
     OneStep.peak = OneStep.alive = 0
     s, *_ = scheduler(lambda i: 0.005, tasks=[task(group_size=2)], concurrency=3, batch_groups=10)
@@ -198,6 +209,7 @@ async def test_concurrency_bound_is_kept_and_filled():
     assert OneStep.peak == 3 and OneStep.alive == 0
 
 
+@on_simulated_clock
 async def test_trajectories_stream_into_the_buffer_without_waiting_for_siblings():
     s, buf, _, _ = scheduler(lambda i: 0.01 if i == 0 else 1.0, tasks=[task(group_size=2)], concurrency=2)
     await run_until(s, lambda: buf.stats.put >= 1, timeout=0.9)  # the sibling is still in its 1 s step
@@ -205,6 +217,7 @@ async def test_trajectories_stream_into_the_buffer_without_waiting_for_siblings(
 
 
 @pytest.mark.parametrize(("alpha", "aborted_at_bumps"), [(2, [0, 2]), (1, [2, 0])])
+@on_simulated_clock
 async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_their_group(
     alpha, aborted_at_bumps
 ):
@@ -228,6 +241,7 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
 
 @pytest.mark.parametrize("granularity", ["trajectory", "batch"])  # batch: waves of one batch, in lockstep
 @pytest.mark.parametrize("mode", ["areal", "rollart"])
+@on_simulated_clock
 async def test_admits_a_group_only_if_the_batch_it_lands_in_is_within_alpha_of_the_served_version(
     mode, granularity
 ):
@@ -250,6 +264,7 @@ async def test_admits_a_group_only_if_the_batch_it_lands_in_is_within_alpha_of_t
     await runner
 
 
+@on_simulated_clock
 async def test_areal_admission_is_given_back_by_a_dropped_group():
     failing = {0, 1, 2}  # every env of the first group fails, refills included (max_refills=1)
     s, *_ = scheduler(
@@ -265,6 +280,7 @@ async def test_areal_admission_is_given_back_by_a_dropped_group():
     assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_started"] == 2
 
 
+@on_simulated_clock
 async def test_admission_after_a_resume_is_alpha_plus_one_batches_whatever_the_version():
     s, *_ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1, version=7)
     s.restore({**s.state(), "next_group": 40})  # the saved run had started 40 groups
@@ -276,6 +292,7 @@ async def test_admission_after_a_resume_is_alpha_plus_one_batches_whatever_the_v
     await runner
 
 
+@on_simulated_clock
 async def test_rollart_admission_is_given_back_by_a_group_the_buffer_evicted_as_stale():
     s, buf, *_ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1)
     runner = asyncio.ensure_future(s.run())
@@ -288,6 +305,7 @@ async def test_rollart_admission_is_given_back_by_a_group_the_buffer_evicted_as_
     await runner
 
 
+@on_simulated_clock
 async def test_groups_evicted_while_the_trainer_waits_for_a_batch_free_their_places():
     s, buf, gen, _ = scheduler(lambda i: 0.001, tasks=[task(group_size=2)], concurrency=4, batch_groups=1)
     runner = asyncio.ensure_future(s.run())
@@ -306,6 +324,7 @@ def test_tasks_are_sampled_by_weight():
     assert abs(names["a"] / 2000 - 0.75) < 0.03
 
 
+@on_simulated_clock
 async def test_scheduler_gives_up_loudly_when_every_trajectory_fails():
     s, *_ = scheduler(
         lambda i: OSError("no sandbox"),

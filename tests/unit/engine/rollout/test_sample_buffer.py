@@ -4,6 +4,7 @@ import pytest
 
 from engine.rollout.buffer import SampleBuffer
 from engine.types import Trajectory, TrajStatus
+from tests.simulated import on_simulated_clock
 
 
 def traj(group: str, i: int, start_version: int, status=TrajStatus.DONE, reward=1.0) -> Trajectory:
@@ -17,6 +18,7 @@ async def fill(buf: SampleBuffer, group: str, n: int, start_version: int) -> Non
         assert await buf.put(traj(group, i, start_version), group_size=n)
 
 
+@on_simulated_clock
 async def test_get_batch_blocks_until_enough_complete_groups():
     buf = SampleBuffer(alpha=1)
     await fill(buf, "a", 2, 0)
@@ -30,6 +32,7 @@ async def test_get_batch_blocks_until_enough_complete_groups():
     assert len(buf) == 0 and buf.stats.groups_returned == 2
 
 
+@on_simulated_clock
 async def test_version_bump_evicts_groups_older_than_the_bound():
     buf = SampleBuffer(alpha=1)
     await fill(buf, "v0", 2, 0)
@@ -41,6 +44,7 @@ async def test_version_bump_evicts_groups_older_than_the_bound():
     assert not await buf.put(traj("v0", 9, 0), group_size=2)  # a late member of an evicted group
 
 
+@on_simulated_clock
 async def test_get_batch_never_returns_a_group_beyond_the_bound():
     buf = SampleBuffer(alpha=1, evict_on_advance=False)
     await fill(buf, "v0", 2, 0)
@@ -52,6 +56,7 @@ async def test_get_batch_never_returns_a_group_beyond_the_bound():
         await buf.get_batch(1, current_version=3, timeout_s=0.05)
 
 
+@on_simulated_clock
 async def test_areal_style_buffer_keeps_old_groups():
     buf = SampleBuffer(alpha=1, evict_on_advance=False, check_on_get=False)
     await fill(buf, "v0", 2, 0)
@@ -59,6 +64,7 @@ async def test_areal_style_buffer_keeps_old_groups():
     assert [g.start_version for g in await buf.get_batch(1, current_version=5)] == [0]
 
 
+@on_simulated_clock
 async def test_failed_members_and_dropped_groups_never_reach_a_batch():
     buf = SampleBuffer(alpha=0)
     assert not await buf.put(traj("a", 0, 0, status=TrajStatus.FAILED), group_size=2)
@@ -70,6 +76,7 @@ async def test_failed_members_and_dropped_groups_never_reach_a_batch():
     assert buf.stats.evicted == {"status_failed": 1, "unscored": 1, "group_incomplete": 1, "group_closed": 1}
 
 
+@on_simulated_clock
 async def test_batches_are_taken_in_launch_order_not_finish_order():
     buf = SampleBuffer(alpha=1)
     for gid in ("slow", "fast"):
@@ -84,6 +91,7 @@ async def test_batches_are_taken_in_launch_order_not_finish_order():
     assert buf.next_batch == 1  # the trainer at v0 took its batches: the next one is v1's
 
 
+@on_simulated_clock
 async def test_a_dropped_group_gives_its_place_in_line_to_the_next():
     buf = SampleBuffer(alpha=1)
     for gid in ("a", "b", "c"):
@@ -97,6 +105,7 @@ async def test_a_dropped_group_gives_its_place_in_line_to_the_next():
     assert [g.group_id for g in await asyncio.wait_for(waiter, 1)] == ["b", "c"]
 
 
+@on_simulated_clock
 async def test_a_late_member_of_a_returned_group_is_refused_not_started_again():
     buf = SampleBuffer(alpha=1)
     await fill(buf, "a", 2, 0)
