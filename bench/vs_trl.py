@@ -169,6 +169,7 @@ def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root:
         begin, steps = asyncio.run(drive())
     finally:
         exp.teardown()
+        exp.release_ray()  # each run on a Ray of its own pools; a Ray that was up before stays up
     return {"startup_s": begin - t_start, "steps": steps}
 
 

@@ -3,12 +3,15 @@ Ray, shaped as TRL's run is (TRL's side is in tests/unit/bench/test_vs_trl.py)."
 
 from dataclasses import replace
 
+import ray
+
 from bench.vs_trl import GROUP_SIZE, MODELS, QUICK, _rollart, row
 
 
 def test_a_rollart_run_reports_each_steps_phases_tokens_and_reward(tmp_path):
     s = replace(QUICK, steps=2, warmup=1)
     run = _rollart(s, "tiny", "single-turn", "sync", 0, tmp_path)
+    assert not ray.is_initialized()  # the Ray the run started is gone with it: the next module starts its own
 
     prompts, tokens = MODELS["tiny"]
     assert run["startup_s"] > 0 and len(run["steps"]) == 3
