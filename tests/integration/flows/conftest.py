@@ -1,6 +1,7 @@
 """Fixtures shared by the flow tests."""
 
 import os
+import uuid
 
 import pytest
 
@@ -48,7 +49,10 @@ def prefect_api(tmp_path_factory, postgres_url):
     from flows.deploy import start_server
     from tests.services import create_database, free_port
 
-    database = create_database(postgres_url, "prefect_api").replace("+psycopg", "+asyncpg")
+    # a new database each time: with two test processes (`make test`) a process may leave this package and
+    # come back to it, and the fixture is then set up again on the same PostgreSQL server
+    name = f"prefect_api_{uuid.uuid4().hex[:8]}"
+    database = create_database(postgres_url, name).replace("+psycopg", "+asyncpg")
     home = tmp_path_factory.mktemp("prefect-server")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
