@@ -98,6 +98,7 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     hf_logging.set_verbosity_error()
+    threads = torch.get_num_threads()  # the caller's, restored after training
     torch.set_num_threads(run.threads)
     t_start = time.perf_counter()
     completions = run.prompts * run.group_size
@@ -151,7 +152,10 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
         return out
 
     trainer._generate_and_score_completions = timed  # type: ignore[method-assign]
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)  # the caller's setting back (a test process goes on)
     startup_s = steps[0]["begin"] - t_start
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     for step, reward in zip(steps, rewards, strict=True):

@@ -99,7 +99,11 @@ def test_in_the_waiting_setting_each_reward_env_waits_and_they_wait_at_once(tmp_
 
 
 def test_trl_trains_the_tiny_model_and_reports_each_steps_phases(tmp_path):
-    out = train(_peer(tmp_path, steps=2), str(tmp_path / "trl"))
+    import torch
+
+    threads = torch.get_num_threads()
+    out = train(_peer(tmp_path, steps=2), str(tmp_path / "trl"))  # at 1 thread
+    assert torch.get_num_threads() == threads  # the test process's setting is back
     assert out["startup_s"] > 0 and len(out["steps"]) == 2
     for step in out["steps"]:
         assert (
