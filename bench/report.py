@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -119,3 +121,10 @@ def load_note(before: Sequence[float], after: Sequence[float], cpus: int | None)
     """The 1/5/15-minute load averages around a measurement: other users of the CPUs skew its numbers."""
     fmt = "/".join(["{:.1f}"] * 3)
     return f"Load average (1/5/15 min) before {fmt.format(*before)}, after {fmt.format(*after)}, {cpus} CPUs."
+
+
+def median_ci(xs: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
+    """The median of `xs` and a percentile-bootstrap 95% interval of it."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
+    return statistics.median(xs), meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import tempfile
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.async_runs import LatencyEnvs
-from bench.report import at_least, new_figure, pick_settings, print_table, save_figure, write_json
+from bench.report import at_least, median_ci, new_figure, pick_settings, print_table, save_figure, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -194,13 +193,6 @@ def _trl(s: Settings, model: str, setting: str, root: Path) -> dict[str, Any]:
 
 
 # -- rows ----------------------------------------------------------------------------------------------
-def median_ci(xs: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
-    """The median of `xs` and a percentile-bootstrap 95% interval of it."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
-    return statistics.median(xs), meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
 def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s: Settings) -> dict[str, Any]:
     """The JSON row of one run (module doc)."""
     measured = run["steps"][s.warmup :]

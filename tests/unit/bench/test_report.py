@@ -1,9 +1,10 @@
 import argparse
+import statistics
 from dataclasses import dataclass
 
 import pytest
 
-from bench.report import at_least, markdown_table, numbers, pick_settings
+from bench.report import at_least, markdown_table, median_ci, numbers, pick_settings
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,11 @@ def test_argument_types_check_bounds_and_lists() -> None:
     ]:
         with pytest.raises(argparse.ArgumentTypeError, match=said):
             parse(text)
+
+
+def test_the_median_interval_is_a_bootstrap_over_steps():
+    xs = [1.0, 2.0, 3.0, 4.0, 100.0]
+    med, lo, hi = median_ci(xs)
+    assert med == statistics.median(xs) and lo >= 1.0 and hi <= 100.0 and lo < med < hi
+    assert median_ci([2.0] * 5) == (2.0, 2.0, 2.0)
+    assert median_ci(xs, seed=1) == median_ci(xs, seed=1)

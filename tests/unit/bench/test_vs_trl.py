@@ -1,11 +1,10 @@
 import argparse
 import asyncio
-import statistics
 
 import pytest
 
 from bench.trl_peer import PeerRun, dataset_rows, env_reward, train
-from bench.vs_trl import FULL, QUICK, _task_args, add_arguments, median_ci, model_dir, ratios, row
+from bench.vs_trl import FULL, QUICK, _task_args, add_arguments, model_dir, ratios, row
 
 
 def _steps(seconds: list[float], rewards: list[float | None]) -> list[dict]:
@@ -28,14 +27,6 @@ def test_a_row_measures_the_steps_after_warmup_and_when_the_reward_level_was_fir
         "trl", "grpo", "tiny", "single-turn", {"startup_s": 1.0, "steps": _steps([1, 1, 1, 1], [0] * 4)}, s
     )
     assert never["time_to_reward_s"] is None
-
-
-def test_the_median_interval_is_a_bootstrap_over_steps():
-    xs = [1.0, 2.0, 3.0, 4.0, 100.0]
-    med, lo, hi = median_ci(xs)
-    assert med == statistics.median(xs) and lo >= 1.0 and hi <= 100.0 and lo < med < hi
-    assert median_ci([2.0] * 5) == (2.0, 2.0, 2.0)
-    assert median_ci(xs, seed=1) == median_ci(xs, seed=1)
 
 
 def test_ratios_are_each_rollart_mode_over_trl_in_the_same_model_and_setting():
