@@ -1,21 +1,43 @@
 """`rollart bench serverless` (paper R3): an LLM-judge reward on reserved GPUs vs a serverless endpoint.
 
-Both setups have the same `gpus` H800s and run the same agentic step (`bench.harness.agentic_mix`); every
-finished trajectory is scored by an LLM judge (Qwen2.5-7B reading the trajectory, up to `judge_tokens`
-tokens, and answering in 4) through the real `RewardScorer`.
+Every setup runs the same agentic step (`bench.harness.agentic_mix`, `groups` GRPO groups of 8) on modelled
+H800s through the real control plane; every finished trajectory is scored by an LLM judge (Qwen2.5-7B
+reading the trajectory, up to `judge_tokens` tokens, and answering in 4) through the real `RewardScorer`.
+The setups, fixed before the run (`configs`):
 
-- reserved: `reward_gpus` of the GPUs are judge engines behind their own LLMProxy, the rest generate.
-  Utilisation = the judges' busy time / (reward_gpus x step time).
-- serverless: all GPUs generate; the judge runs on a scale-to-zero endpoint (`ServerlessJudge`): an
-  instance (one judge engine) starts on demand with a `cold_start_s` delay, serves up to `per_instance`
-  calls at once, and is released after `idle_s` without calls. Billing is by active time, as function
-  platforms bill: the cold start plus every interval with a call in flight; a warm idle instance costs
-  nothing (the platform lends its GPU to other tenants). Utilisation = the instances' busy time / billed.
+- reserved: of `gpus` GPUs, `reward_gpus` are judge engines behind their own LLMProxy for the whole step,
+  the rest generate. Billed: every GPU for the whole step. Utilisation = the judges' busy time /
+  (reward_gpus x step time).
+- serverless, one row per keep-alive in `idle_s`: the same `gpus - reward_gpus` GPUs generate (the
+  reserved setup's generation fleet) and the judge runs on a scale-to-zero endpoint (`ServerlessJudge`): an
+  instance (one judge engine on one GPU) starts on demand with a `cold_start_s` delay, serves up to
+  `per_instance` calls at once and is released `idle_s` after its last call. Billed, as platforms that
+  keep an instance warm bill it: each instance from its start to its release (cold start, serving and the
+  keep-alive idle time), at least `billed_min_s` per instance start. Utilisation = the instances' busy time
+  / billed time, so a long keep-alive or minimum makes it low: the calls come as trajectories finish,
+  spread over the step, and an instance is billed through every gap shorter than its keep-alive.
+- serverless with all `gpus` generating (keep-alive `idle_s[0]`): the earlier comparison at equal reserved
+  GPUs, with the judge billed on top; its step-time gain mixes in what `reward_gpus` more generation GPUs do
+  to the step (with KV memory short, a long-context step can speed up by far more than the GPU ratio).
 
-`infra.serve` deploys the same judge on Ray Serve with `min_replicas=0`; here its instances are modelled so
-the step runs at paper scale on this machine. Cold start and keep-alive are our assumptions. The step-time
-gain is bounded by the GPUs the reservation gives back to generation (gpus / (gpus - reward_gpus): 1.33x for 2
-of 8); the paper's 2.05x implies a larger reservation, which it does not state.
+Cost and the equal-cost comparison: a setup's GPU-seconds per step = generation GPUs x step time + judge
+GPU-seconds billed (reserved: reward_gpus x step time; serverless: billed instance time). Every setup does
+the same work per step (the same groups, scored), so work per GPU-second is 1 / GPU-seconds per step, and a
+budget of B GPU-seconds buys B / (GPU-seconds per step) steps. The gain at equal cost, `gain_per_gpu_s`,
+is the reserved setup's GPU-seconds per step / the row's: how many more steps the same GPU-seconds buy.
+It is taken per seed (paired: same seed, same episodes) and given as the median over `seeds` with a
+bootstrap 95% interval (`ci_low`, `ci_high`, `median_ci`); utilisation likewise (`util_ci_*`), step time,
+`speedup` (reserved step time / the row's) and the judge's busy and billed seconds as medians. The
+same-fleet serverless rows isolate the judge's placement: their step time is the reserved one's plus any
+wait for cold starts, and their gain is the reserved judges' GPU-seconds less the instances' billed ones.
+`--quick` runs the same workload on 4 GPUs (1 reserved) with 8 groups and 3 seeds (full: 8, 2, 32, 5).
+
+Modelled and assumed: the devices (roofline `ModelledBackend`), env latencies and episode shapes (our
+assumptions, `agentic_mix`), one step (the reserved judges also idle while the trainer trains, and an
+instance's keep-alive after the step's last call is billed in full: between steps that either happens or
+a next call comes sooner), the cold start, keep-alive and billing minimum (options), and an instance is a
+whole GPU for the judge. `infra.serve` deploys the same judge on Ray Serve with `min_replicas=0`; here its
+instances are modelled so the step runs at paper scale on this machine.
 """
 
 from __future__ import annotations
@@ -23,8 +45,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bench.clock import run as run_loop
@@ -37,7 +60,16 @@ from bench.harness import (
     modelled_slots,
     rollout_step,
 )
-from bench.report import new_figure, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    at_least,
+    median_ci,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from engine.backends.modelled import ModelledBackend
@@ -60,78 +92,85 @@ class Settings:
     cot_tokens: tuple[int, int] = (2048, 8192)
     judge_tokens: int = 16_384
     cold_start_s: float = 5.0
-    idle_s: float = 10.0
+    idle_s: tuple[float, ...] = (10.0, 60.0)
+    billed_min_s: float = 0.0
     per_instance: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     clock: str = "virtual"
     unit_ms: float = 40.0
-    seed: int = 0
 
 
 FULL = Settings()
-QUICK = Settings(
-    gpus=4, reward_gpus=1, groups=16, swe_turns=(30, 50), swe_obs_tokens=1500, cot_tokens=(1024, 4096)
-)
+QUICK = replace(FULL, gpus=4, reward_gpus=1, groups=8, seeds=(0, 1, 2))  # the full workload, fewer groups
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A serverless judge endpoint's scaling and billing (module doc), in modelled seconds."""
+
+    cold_start_s: float = 5.0
+    idle_s: float = 10.0
+    per_instance: int = 8
+    billed_min_s: float = 0.0
 
 
 @dataclass
 class _Instance:
     engine: ModelledBackend
+    started: float  # loop clock: when the call that started it arrived
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     inflight: int = 0
     last_used: float = 0.0
-    active_since: float | None = None  # start of the current interval with a call in flight
-    active_s: float = 0.0  # loop-clock seconds with a call in flight
     released: float | None = None
 
 
 class ServerlessJudge:
     """A modelled scale-to-zero endpoint of judge instances (module doc); call it with a `GenRequest`."""
 
-    def __init__(self, make_engine: Callable[[], ModelledBackend], s: Settings, unit_s: float) -> None:
-        self.make_engine, self.s, self.unit_s = make_engine, s, unit_s
+    def __init__(self, make_engine: Callable[[], ModelledBackend], endpoint: Endpoint, unit_s: float) -> None:
+        self.make_engine, self.endpoint, self.unit_s = make_engine, endpoint, unit_s
         self.instances: list[_Instance] = []
-        self.cold_starts = 0
+
+    @property
+    def cold_starts(self) -> int:
+        return len(self.instances)  # every instance started cold
 
     async def __call__(self, request: GenRequest) -> GenOutput:
-        loop = asyncio.get_running_loop()
-        live = [i for i in self.instances if i.released is None and i.inflight < self.s.per_instance]
+        loop, e = asyncio.get_running_loop(), self.endpoint
+        live = [i for i in self.instances if i.released is None and i.inflight < e.per_instance]
         inst = min(live, key=lambda i: i.inflight) if live else None
         if inst is None:
-            inst = _Instance(self.make_engine())
+            inst = _Instance(self.make_engine(), loop.time())
             self.instances.append(inst)
-            self.cold_starts += 1
-            loop.call_later(self.s.cold_start_s * self.unit_s, inst.ready.set)
+            loop.call_later(e.cold_start_s * self.unit_s, inst.ready.set)
         inst.inflight += 1
         try:
             await inst.ready.wait()
-            if inst.active_since is None:
-                inst.active_since = loop.time()
             return await inst.engine.generate(request)
         finally:
             inst.inflight -= 1
             inst.last_used = loop.time()
-            if not inst.inflight and inst.active_since is not None:
-                inst.active_s += inst.last_used - inst.active_since
-                inst.active_since = None
             if not inst.inflight:
-                loop.call_later(self.s.idle_s * self.unit_s, self._reap, inst)
+                loop.call_later(e.idle_s * self.unit_s, self._reap, inst)
 
     def _reap(self, inst: _Instance) -> None:
         now = asyncio.get_running_loop().time()
-        if (
-            not inst.inflight
-            and inst.released is None
-            and now - inst.last_used >= self.s.idle_s * self.unit_s * 0.999
-        ):
+        idle = self.endpoint.idle_s * self.unit_s
+        if not inst.inflight and inst.released is None and now - inst.last_used >= idle * 0.999:
             inst.released = now
 
+    def billed_s(self) -> list[float]:
+        """Each instance's billed modelled seconds once its calls are done: from its start to its release
+        `idle_s` after its last call (cold start, serving, keep-alive), at least `billed_min_s`."""
+        e = self.endpoint
+        return [
+            max(e.billed_min_s, (i.last_used - i.started) / self.unit_s + e.idle_s) for i in self.instances
+        ]
+
     def utilisation(self) -> tuple[float, float]:
-        """(busy, billed) modelled seconds: the engines' work; cold starts plus active time (module doc)."""
+        """(busy, billed) modelled seconds: the engines' work; the instances' billed time (module doc)."""
         busy = sum(i.engine.stats()["busy_s"] for i in self.instances)
-        billed = (
-            self.cold_starts * self.s.cold_start_s + sum(i.active_s for i in self.instances) / self.unit_s
-        )
-        return busy, billed
+        return busy, sum(self.billed_s())
 
 
 def judge_score(call: Callable[[GenRequest], Any], judge_tokens: int) -> Callable[[Trajectory], Any]:
@@ -154,103 +193,181 @@ def judge_score(call: Callable[[GenRequest], Any], judge_tokens: int) -> Callabl
     return score
 
 
+@dataclass(frozen=True)
+class Config:
+    """One setup: `gen_gpus` generate; the judge has `reserved` GPUs, or (0) an endpoint kept `idle_s`."""
+
+    setup: str
+    gen_gpus: int
+    reserved: int = 0
+    idle_s: float = 0.0
+
+
+def configs(s: Settings) -> list[Config]:
+    """The setups of the module doc, the reserved one first (the base of every gain)."""
+    fleet = s.gpus - s.reward_gpus
+    return [
+        Config("reserved", fleet, reserved=s.reward_gpus),
+        *(Config("serverless", fleet, idle_s=k) for k in s.idle_s),
+        Config("serverless", s.gpus, idle_s=s.idle_s[0]),
+    ]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, help=f"H800s in either setup (default {FULL.gpus})")
+    p.add_argument("--gpus", type=at_least(int, 2), help=f"H800s of the reserved setup ({FULL.gpus})")
     p.add_argument(
-        "--reward-gpus", type=int, help=f"of them reserved for the judge (default {FULL.reward_gpus})"
+        "--reward-gpus", type=at_least(int, 1), help=f"of them reserved for the judge ({FULL.reward_gpus})"
     )
-    p.add_argument("--groups", type=int, help=f"groups of 8 per step (default {FULL.groups})")
+    p.add_argument("--groups", type=at_least(int, 1), help=f"groups of 8 per step (default {FULL.groups})")
     p.add_argument(
-        "--cold-start-s", type=float, help=f"modelled instance start time (default {FULL.cold_start_s})"
+        "--cold-start-s", type=at_least(float, 0), help=f"instance start time ({FULL.cold_start_s})"
     )
-    p.add_argument("--idle-s", type=float, help=f"idle time before an instance is released ({FULL.idle_s})")
+    p.add_argument(
+        "--idle-s",
+        type=numbers(float, 0),
+        help="keep-alive after an instance's last call, billed; one serverless row each (default 10,60)",
+    )
+    p.add_argument(
+        "--billed-min-s",
+        type=at_least(float, 0),
+        help=f"billed minimum per instance start ({FULL.billed_min_s})",
+    )
+    p.add_argument("--seeds", type=numbers(int, 0), help="seeds of every setup (default 0,1,2,3,4)")
     add_clock_arguments(p, FULL.unit_ms)
-    p.add_argument("--seed", type=int)
 
 
-async def _setup(s: Settings, setup: str, unit_s: float) -> dict[str, Any]:
+async def _measure(s: Settings, c: Config, seed: int, unit_s: float) -> dict[str, float]:
+    """One step of setup `c`: its modelled time, GPU-seconds and the judge's busy and billed seconds."""
     from engine.backends.modelled import ModelledBackend
     from engine.devices import get_device, get_model
     from engine.rollout.proxy import GenSlot, LLMProxy
     from engine.rollout.reward import RewardScorer
 
     w = agentic_mix(s.swe_turns, s.swe_obs_tokens, s.cot_tokens)
-    reserved = s.reward_gpus if setup == "reserved" else 0
-    gen = modelled_slots(
-        JUDGE_MODEL, {DEVICE: s.gpus - reserved}, w, unit_s=unit_s, capacity=1 << 20, seed=s.seed
-    )
+    gen = modelled_slots(JUDGE_MODEL, {DEVICE: c.gen_gpus}, w, unit_s=unit_s, capacity=1 << 20, seed=seed)
 
     def judge_engine() -> ModelledBackend:
         return ModelledBackend(
             get_model(JUDGE_MODEL), get_device(DEVICE), time_scale=unit_s, min_sleep_s=min_sleep_s(unit_s)
         )
 
-    if reserved:
-        judges = [
-            GenSlot(f"judge-{i}", "gpu-compute", judge_engine(), capacity=1 << 20) for i in range(reserved)
-        ]
-        call: Any = LLMProxy(judges).generate
-    else:
-        call = endpoint = ServerlessJudge(judge_engine, s, unit_s)
+    judges = [
+        GenSlot(f"judge-{i}", "gpu-compute", judge_engine(), capacity=1 << 20) for i in range(c.reserved)
+    ]
+    endpoint = ServerlessJudge(
+        judge_engine, Endpoint(s.cold_start_s, c.idle_s, s.per_instance, s.billed_min_s), unit_s
+    )
+    call: Any = LLMProxy(judges).generate if judges else endpoint
     reward = RewardScorer(judge_score(call, s.judge_tokens), timeout_s=1e6)
-    step = await rollout_step(w, gen, groups=s.groups, unit_s=unit_s, seed=s.seed, reward=reward)
-    if reserved:
-        busy, billed = sum(j.target.stats()["busy_s"] for j in judges), reserved * step.modelled_s
-        instances = reserved
+    step = await rollout_step(w, gen, groups=s.groups, unit_s=unit_s, seed=seed, reward=reward)
+    if judges:
+        busy, billed = sum(j.target.stats()["busy_s"] for j in judges), c.reserved * step.modelled_s
     else:
         busy, billed = endpoint.utilisation()
-        instances = endpoint.cold_starts
     return {
-        "setup": setup,
-        "reward_utilization": busy / billed,
-        "rollout_s": step.modelled_s,
-        "paper_utilization": PAPER["reward_utilization"][setup],
-        "paper_rollout_s": PAPER["rollout_s"][setup],
-        "gen_gpus": s.gpus - reserved,
-        "judge_instances": instances,
-        "judge_busy_s": busy,
-        "judge_billed_s": billed,
+        "step_s": step.modelled_s,
+        "gpu_s": c.gen_gpus * step.modelled_s + billed,
+        "busy_s": busy,
+        "billed_s": billed,
+        "instances": c.reserved or endpoint.cold_starts,
         "scored": reward.counts["scored"],
     }
 
 
+def _row(c: Config, runs: list[dict[str, float]], base: list[dict[str, float]], seed: int) -> dict[str, Any]:
+    """One setup over the seeds: medians; the gain per GPU-second and utilisation with 95% intervals."""
+    pairs = list(zip(base, runs, strict=True))
+    gain, low, high = median_ci([b["gpu_s"] / r["gpu_s"] for b, r in pairs], seed)
+    util, util_low, util_high = median_ci([r["busy_s"] / r["billed_s"] for r in runs], seed)
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    return {
+        "setup": c.setup,
+        "gen_gpus": c.gen_gpus,
+        "judge": f"{c.reserved} reserved" if c.reserved else f"keep-alive {c.idle_s:g} s",
+        "step_s": med("step_s"),
+        "gpu_s_per_step": med("gpu_s"),
+        "speedup": statistics.median(b["step_s"] / r["step_s"] for b, r in pairs),
+        "gain_per_gpu_s": gain,
+        "ci_low": low,
+        "ci_high": high,
+        "reward_utilization": util,
+        "util_ci_low": util_low,
+        "util_ci_high": util_high,
+        "judge_busy_s": med("busy_s"),
+        "judge_billed_s": med("billed_s"),
+        "judge_instances": med("instances"),
+        "scored": med("scored"),
+    }
+
+
+async def _all(s: Settings, unit_s: float) -> list[dict[str, Any]]:
+    setups = configs(s)
+    runs = [[await _measure(s, c, seed, unit_s) for seed in s.seeds] for c in setups]
+    return [_row(c, r, runs[0], s.seeds[0]) for c, r in zip(setups, runs, strict=True)]
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['setup']}\n{r['gen_gpus']} gen GPUs\n{r['judge']}"
+
+
 def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
-    fig, (left, right) = new_figure(9, 4, cols=2)
-    names = [r["setup"] for r in rows]
-    for ax, key, paper, label in (
-        (left, "reward_utilization", "paper_utilization", "reward GPU utilisation"),
-        (right, "rollout_s", "paper_rollout_s", "rollout step (modelled s)"),
+    fig, axes = new_figure(14, 4.5, cols=3)
+    at = range(len(rows))
+    for ax, key, ci, paper, label in (
+        (axes[0], "reward_utilization", "util_ci", "reward_utilization", "judge utilisation (busy / billed)"),
+        (axes[1], "step_s", None, "rollout_s", "rollout step (modelled s)"),
+        (axes[2], "gain_per_gpu_s", "ci", None, "steps per GPU-second, x reserved"),
     ):
-        ax.bar([k - 0.2 for k in range(2)], [r[key] for r in rows], 0.4, label="ours")
-        ax.bar([k + 0.2 for k in range(2)], [r[paper] for r in rows], 0.4, label="paper (R3)", alpha=0.6)
-        ax.set_xticks(range(2), names)
+        values = [r[key] for r in rows]
+        err = [[v - r[f"{ci}_low"] for v, r in zip(values, rows, strict=True)],
+               [r[f"{ci}_high"] - v for v, r in zip(values, rows, strict=True)]] if ci else None  # fmt: skip
+        ours = "ours (median, 95% interval)" if ci else "ours (median)"
+        ax.bar(at, values, 0.6, yerr=err, capsize=4, label=ours)
+        if paper:
+            marks = [PAPER[paper]["reserved"], PAPER[paper]["serverless"]]
+            ax.scatter([0, 1], marks, marker="x", color="red", zorder=3, label="paper (R3)")
+        ax.set_xticks(at, [_label(r) for r in rows], fontsize=7)
         ax.set_ylabel(label)
-        ax.legend()
-    fig.suptitle("R3: LLM-judge reward on reserved GPUs vs serverless")
+        ax.legend(fontsize=7)
+    axes[2].axhline(1.0, color="grey", lw=0.8)
+    fig.suptitle("R3: LLM-judge reward on reserved GPUs vs serverless (billed keep-alive, equal-cost gain)")
     return save_figure(fig, json_path, "serverless.png")
+
+
+def _note(rows: list[dict[str, Any]], s: Settings) -> str:
+    res = rows[0]
+    ours = "; ".join(
+        f"{r['setup']} ({r['gen_gpus']} gen, {r['judge']}): {r['reward_utilization']:.0%}, "
+        f"{r['step_s']:.0f} s ({r['speedup']:.2f}x), {r['gpu_s_per_step']:.0f} GPU-s, "
+        f"{r['gain_per_gpu_s']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}] per GPU-s"
+        for r in rows[1:]
+    )
+    return (
+        f"Paper (R3): judge utilisation 6% -> 88%, rollout 158 s -> 77 s per step (2.05x). Ours (median of "
+        f"{len(s.seeds)} seeds): reserved ({res['gen_gpus']} gen, {res['judge']}): "
+        f"{res['reward_utilization']:.0%}, {res['step_s']:.0f} s, {res['gpu_s_per_step']:.0f} GPU-s/step; "
+        f"{ours}.\nGain per GPU-s = reserved GPU-s per step / the row's (equal-cost comparison, module doc). "
+        f"Serverless: cold start {s.cold_start_s:g} s, keep-alive billed, billed minimum "
+        f"{s.billed_min_s:g} s per instance, {s.per_instance} calls per instance; "
+        f"{clock_note(s.clock, s.unit_ms)}"
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     s = pick_settings(args, FULL, QUICK)
     if not 0 < s.reward_gpus < s.gpus:
         raise SystemExit(f"need 0 < --reward-gpus < --gpus, got {s.reward_gpus} of {s.gpus}")
-    unit_s = clock_unit_s(s.clock, s.unit_ms)
-
-    async def both() -> list[dict[str, Any]]:
-        return [await _setup(s, setup, unit_s) for setup in ("reserved", "serverless")]
-
-    rows = run_loop(both(), s.clock == "virtual")
-    res, srv = rows
-    note = (
-        f"Paper (R3): utilisation 6% -> 88%, rollout 158 s -> 77 s per step (2.05x). Ours: "
-        f"{res['reward_utilization']:.0%} -> {srv['reward_utilization']:.0%}, {res['rollout_s']:.0f} s -> "
-        f"{srv['rollout_s']:.0f} s ({res['rollout_s'] / srv['rollout_s']:.2f}x).\n"
-        f"{s.gpus} x {DEVICE}, {s.reward_gpus} reserved for the judge; serverless cold start "
-        f"{s.cold_start_s} s, release after {s.idle_s} s idle, {s.per_instance} calls per instance; "
-        f"{clock_note(s.clock, s.unit_ms)}"
-    )
-    print_table("R3: reward on reserved GPUs vs serverless", rows, note)
+    if not s.idle_s or not s.seeds:
+        raise SystemExit("need at least one --idle-s and one --seeds")
+    rows = run_loop(_all(s, clock_unit_s(s.clock, s.unit_ms)), s.clock == "virtual")
+    note = _note(rows, s)
+    print_table("R3: reward on reserved GPUs vs serverless, cost in GPU-seconds per step", rows, note)
     payload: dict[str, Any] = {
+        "clock": s.clock,
+        "seeds": list(s.seeds),
         "rows": rows,
         "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "judge_model": JUDGE_MODEL},
         "paper": PAPER,
