@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.async_runs import LatencyEnvs
-from bench.report import at_least, new_figure, numbers, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    at_least,
+    median_ci,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
@@ -274,7 +283,8 @@ def time_to_target(run: dict[str, Any], target: float) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (setting, layout, mode, α): runs that reached the target, median and range of their times, and
+    """Per (setting, layout, mode, α): runs that reached the target, median (with its bootstrap 95%
+    interval over seeds; None unless every seed reached it) and range of their times, and
     the speedup of the median over sync+'s in the same setting and layout (None where either did not
     reach it)."""
     groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
@@ -283,7 +293,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (setting, layout, mode, alpha), rs in groups.items():
         times = [r["time_to_target_s"] for r in rs if r["reached"]]
-        all_reached = len(times) == len(rs)
+        median, low, high = median_ci(times) if len(times) == len(rs) else (None, None, None)
         out.append(
             {
                 "setting": setting,
@@ -291,7 +301,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mode": mode,
                 "alpha": alpha,
                 "reached": f"{len(times)}/{len(rs)}",
-                "median_s": statistics.median(times) if all_reached else None,
+                "median_s": median,
+                "ci_low": low,  # a bootstrap 95% interval of the median over seeds
+                "ci_high": high,
                 "min_s": min(times, default=None),
                 "max_s": max(times, default=None),
             }
@@ -377,6 +389,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ]
     print_table("Time to a held-out score", table, note)
     payload = {
+        "clock": "wall",  # real training runs
+        "seeds": list(s.seeds),
         "rows": rows,
         "summary": summary,
         "note": note,

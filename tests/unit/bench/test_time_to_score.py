@@ -67,12 +67,15 @@ def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_
         "alpha": 0,
         "reached": "3/3",
         "median_s": 30.0,
+        "ci_low": 20.0,  # the bootstrap interval of the median of 20, 30, 30
+        "ci_high": 30.0,
         "min_s": 20.0,
         "max_s": 30.0,
         "speedup_vs_sync_plus": 1.0,
     }
     assert by_mode["rollart"]["median_s"] == 10.0 and by_mode["rollart"]["speedup_vs_sync_plus"] == 3.0
     assert by_mode["areal"]["reached"] == "1/2" and by_mode["areal"]["median_s"] is None
+    assert by_mode["areal"]["ci_low"] is None and by_mode["areal"]["ci_high"] is None
     assert by_mode["areal"]["speedup_vs_sync_plus"] is None  # one seed never got there: no median claimed
 
 
