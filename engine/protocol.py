@@ -6,8 +6,9 @@
     4 resume     — requests flow again; `advance` aborts what the new version made too stale
     5 continue   — in-flight trajectories go on with the new weights (engines reset their prefix cache,
                    so the cached context is recomputed under the new weights)
-    6 train_step — overlaps rollout in one-off, areal and rollart (sync, sync+: no wave is out); then
-                   the new version is published and prefetched
+    6 train_step — overlaps rollout in one-off, areal and rollart (sync, sync+: no wave is out), and
+                   steps 2–5: the batch is taken, so training does not wait for the workers' update;
+                   then the new version is published and prefetched
 
 Modes are the same code with different overlap: `sync`/`sync+` keep rollout out of training (one
 gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
@@ -165,12 +166,16 @@ class IterationProtocol:
                 await acall(self.c.rollout, "release_wave", 1)  # the next batch is made during training
             return out
 
+        async def train_step() -> dict[str, Any]:
+            t = time.perf_counter()
+            out = await acall(self.c.trainer, "train_step", groups)
+            return {**out, "train_s": time.perf_counter() - t}
+
         groups = await run("get_batch", get_batch)  # 1
         t_batch = time.perf_counter()
-        sync = await run("sync_weights", sync_weights)  # 2-5
-        t_train = time.perf_counter()
-        metrics = await run("train_step", lambda: acall(self.c.trainer, "train_step", groups))  # 6
-        train_s = time.perf_counter() - t_train
+        # 2-5 on the generation workers, 6 on the trainer: the batch is taken, so training does not wait for
+        # the workers' update (in sync and sync+ the last step's next_wave made it already: nothing to do)
+        sync, metrics = await _both(run("sync_weights", sync_weights), run("train_step", train_step))
         publish = await run("publish_weights", self._publish_and_prefetch)
         if self.mode in ("sync", "sync+"):
 
@@ -184,7 +189,6 @@ class IterationProtocol:
             sync,
             **publish,
             wait_batch_s=t_batch - t0,
-            train_s=train_s,
             gen_workers_unavailable=len(self.unavailable),
             step_s=time.perf_counter() - t0,
             version=version + 1,
@@ -194,6 +198,16 @@ class IterationProtocol:
 
 async def _direct(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
     return await fn()
+
+
+async def _both(a: Awaitable[Any], b: Awaitable[Any]) -> tuple[Any, Any]:
+    """`a` and `b` at once; both run to their end (a failing train step does not leave the workers half
+    updated or the proxy suspended), then the first error, if any, is raised."""
+    out = await asyncio.gather(a, b, return_exceptions=True)
+    for x in out:
+        if isinstance(x, BaseException):
+            raise x
+    return out[0], out[1]
 
 
 async def _answers(w: Any, wait_s: float) -> bool:

@@ -42,15 +42,19 @@ class LiveRun:
         """Train step `step` (1-based) of `last`; `experiment` names the run in the UI."""
         exp, proto = self.exp, self.proto
         t0 = time.perf_counter()
-        inside = 0.0
+        inside, active, since = 0.0, 0, 0.0  # time with at least one phase running (phases may overlap)
 
         async def timed(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-            nonlocal inside
-            t = time.perf_counter()
+            nonlocal inside, active, since
+            if active == 0:
+                since = time.perf_counter()
+            active += 1
             try:
                 return await fn()
             finally:
-                inside += time.perf_counter() - t
+                active -= 1
+                if active == 0:
+                    inside += time.perf_counter() - since
 
         attempts: Counter[str] = Counter()
         before: dict[str, int] = {}
