@@ -129,6 +129,12 @@ class TrainWorker(Worker):
             return {}
         if self.publisher is None:
             raise RuntimeError("no weight store configured, cannot publish")
+        if self.trainer.config.dtype == "bfloat16":
+            import torch
+
+            # every process computes in bfloat16 (model.dtype) and the workers hold bfloat16 weights: the
+            # float32 master weights stay here, and half the bytes travel
+            state = {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in state.items()}
         size = bucket_bytes or int(self.config.get("bucket_bytes", 64 << 20))
         return self.publisher.publish(state, self.trainer.version, size)
 

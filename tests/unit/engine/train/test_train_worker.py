@@ -8,6 +8,8 @@ import pytest
 from engine.models.tiny import init_model
 from engine.train.train_worker import TrainWorker
 from engine.types import Group
+from engine.weights.transfer import WeightPrefetcher
+from infra.weightstore import InMemoryStore
 
 # token ids below the tiny model's vocabulary (1024); one two-token action per trajectory
 TURN = ([10, 11, 12], [20, 21], [-3.0, -3.0], 0)
@@ -18,9 +20,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(init_model("tiny", tmp_path_factory.mktemp("tw") / "tiny"))
 
 
-def worker(model_dir: str, training: str = "torch", **trainer: object) -> TrainWorker:
-    config = {"model_dir": model_dir, "run_id": "r", "trainer": trainer, "training": training}
+def worker(model_dir: str, training: str = "torch", store: object = None, **trainer: object) -> TrainWorker:
+    config = {"model_dir": model_dir, "run_id": "r", "trainer": trainer, "training": training, "store": store}
     return TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_are_published_in_the_precision_every_process_computes_in(model_dir: str, dtype: str) -> None:
+    """model.dtype bfloat16: the workers hold bfloat16 weights, so the trainer publishes them cast (half
+    the bytes) and keeps its float32 master weights; otherwise float32 as trained."""
+    import torch
+
+    store = InMemoryStore()
+    tw = worker(model_dir, store=store, dtype=dtype)
+    pushed = tw.publish()
+    pull = WeightPrefetcher(store, "r")
+    pull.start(0)
+    tensors, _ = pull.wait(0)
+    pull.close()
+    master = tw.state_dict()
+    assert {t.dtype for t in master.values()} == {torch.float32}
+    assert tensors.keys() == master.keys()
+    want = getattr(torch, dtype)
+    assert all(torch.equal(tensors[k], master[k].to(want)) for k in master)
+    fp32_bytes = sum(t.numel() * 4 for t in master.values())
+    assert pushed["bytes"] == pytest.approx(fp32_bytes * (0.5 if dtype == "bfloat16" else 1.0), rel=0.01)
 
 
 def test_kl_beta_trains_against_the_frozen_starting_model(
