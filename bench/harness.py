@@ -292,8 +292,11 @@ def modelled_slots(
     capacity: int,
     max_batch: int = 256,
     seed: int = 0,
+    mfu: float = 1.0,
+    mbu: float = 1.0,
 ) -> list[GenSlot]:
-    """One `ModelledBackend` engine (TP = 1) per device of `fleet` ({device name: count}), as proxy slots."""
+    """One `ModelledBackend` engine (TP = 1) per device of `fleet` ({device name: count}), as proxy slots;
+    `mfu`/`mbu`: the achieved fraction of the devices' peak FLOP/s / bandwidth (1.0: datasheet peaks)."""
     from engine.backends.modelled import ModelledBackend
     from engine.devices import get_device, get_model
     from engine.rollout.proxy import GenSlot
@@ -305,7 +308,7 @@ def modelled_slots(
             POOL_KIND[name],
             ModelledBackend(
                 get_model(model), get_device(name), time_scale=unit_s, max_batch=max_batch,
-                output_tokens=lengths, seed=seed, min_sleep_s=min_sleep_s(unit_s),
+                output_tokens=lengths, seed=seed, min_sleep_s=min_sleep_s(unit_s), mfu=mfu, mbu=mbu,
             ),
             capacity=capacity,
         )
