@@ -5,7 +5,9 @@ Each run is the real system built by `Experiment` — a torch `TrainWorker` acto
 (Mooncake by default) — driven by `IterationProtocol` exactly as the training flow drives it. Only the
 env is a benchmark one: a fixed-length `SyntheticEnv` (T turns, whatever the model answers) wrapped in
 `LatencyEnv`, so every mode plays the same amount of work and the env latency is what overlap can hide.
-Env k (in creation order) sleeps the seeded draws of seed `seed + k` in every run.
+Env k (in creation order) sleeps the seeded draws of seed `seed + k` in every run. Round r of a
+benchmark runs every configuration on seed `seed + r·SEED_STRIDE` (its env draws and its sampling), so
+configurations are compared on the same draws within a round and rounds are independent repeats.
 
 Every run starts from the same model directory (built once), and the wave size, the number of
 environments and the batch are the same in every mode (`concurrency` defaults to one batch, B·G envs):
@@ -20,15 +22,32 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.report import at_least
+from bench.report import at_least, median_ci
 from engine.envs.base import Env
 from engine.rollout.scheduler import TaskSpec
 
 MODE_ORDER = ("sync", "sync+", "one-off", "areal", "rollart")
+SEED_STRIDE = 10_000  # between rounds' seeds: far more than the envs one run builds, so no draw is shared
+MEDIAN_KEYS = (  # a run's numbers that `summarize_runs` takes the median of over rounds
+    "step_s",
+    "tokens_per_s",
+    "wait_batch_s",
+    "train_s",
+    "sync_s",
+    "push_s",
+    "pull_s",
+    "exposed_pull_s",
+    "aborted",
+    "trajectories_started",
+    "trained_mean_turns",
+    "started_mean_turns",
+    "aborted_token_frac",
+    "wall_s",
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class RunSettings:
     steps: int = 5
     store: str = "mooncake"
     seed: int = 0
-    rounds: int = 2  # every run repeated this often, interleaved with the others
+    rounds: int = 2  # runs of every configuration, one per round, each round on its own seed
 
     @property
     def envs(self) -> int:
@@ -87,9 +106,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, full: RunSettings, quick:
     add("--env-sigma-ms", type=at_least(float, 0), help=f"its std dev ({both('env_sigma_ms')})")
     add("--warmup", type=at_least(int, 0), help=f"unmeasured steps per run ({both('warmup')})")
     add("--steps", type=at_least(int, 1), help=f"measured steps per run ({both('steps')})")
-    add("--rounds", type=at_least(int, 1), help=f"interleaved repeats of every run ({both('rounds')})")
+    add(
+        "--rounds",
+        type=at_least(int, 1),
+        help=f"runs of every configuration, round r on seed seed+{SEED_STRIDE}r ({both('rounds')})",
+    )
     add("--store", choices=["mooncake", "ray"], help=f"weight store ({both('store')})")
-    add("--seed", type=at_least(int, 0), help=f"env k sleeps seed+k's draws ({both('seed')})")
+    add("--seed", type=at_least(int, 0), help=f"round 0's seed: env k sleeps seed+k's draws ({both('seed')})")
 
 
 class LatencyEnvs:
@@ -220,14 +243,34 @@ def _run_one(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: st
         steps, counts, wall = asyncio.run(drive())
     finally:
         exp.teardown()
-    return {"mode": mode, "alpha": alpha, **summarize_steps(steps), **counts, "wall_s": wall, "steps": steps}
+    return {
+        "mode": mode,
+        "alpha": alpha,
+        "seed": s.seed,
+        **summarize_steps(steps),
+        **counts,
+        "wall_s": wall,
+        "steps": steps,
+    }
+
+
+def round_seeds(s: RunSettings) -> list[int]:
+    """The seed of each round: `s.seed + r·SEED_STRIDE` for r < `s.rounds`."""
+    return [s.seed + r * SEED_STRIDE for r in range(s.rounds)]
+
+
+def run_order(configs: int, rounds: int) -> list[tuple[int, int]]:
+    """(round, configuration) in the order they run: round by round, the configurations rotated by one
+    each round, so over `configs` rounds each runs once in every position and neither the machine's
+    drift nor going first (or last) in a round favours one of them."""
+    return [(r, (r + j) % configs) for r in range(rounds) for j in range(configs)]
 
 
 def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[str, Any]]]:
-    """Run every (mode, α) of `plan` `s.rounds` times, interleaved (round-robin), in one Ray session.
+    """Run every (mode, α) of `plan` once per round (`run_order`, round r on seed `round_seeds(s)[r]`),
+    in one Ray session, from one model directory (built from `s.seed`).
 
-    Interleaving spreads load from elsewhere on the machine over all modes alike. Returns, per plan
-    entry, its runs in round order.
+    Returns, per plan entry, its runs in round order (so the k-th runs of two entries share a seed).
     """
     import ray
 
@@ -238,30 +281,35 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
         root = Path(tmp)
         model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
         try:
-            for k in range(s.rounds):
-                for i, (mode, alpha) in enumerate(plan):
-                    r = _run_one(s, mode, alpha, model_dir, str(root / "runs"))
-                    out[i].append(r)
-                    print(
-                        f"round {k + 1}/{s.rounds} {mode} α={alpha}: {r['step_s']:.2f} s/step, "
-                        f"{r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
-                        flush=True,
-                    )
+            seeds = round_seeds(s)
+            for k, i in run_order(len(plan), s.rounds):
+                mode, alpha = plan[i]
+                r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"))
+                out[i].append(r)
+                print(
+                    f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "
+                    f"s/step, {r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
+                    flush=True,
+                )
         finally:
             ray.shutdown()
     return out
 
 
-def throughput_se(runs: Sequence[dict[str, Any]]) -> float:
-    """Standard error of a mode's throughput: tokens/s of every measured step of every round, pooled.
-
-    Two modes whose throughputs differ by less than about twice their combined standard error are not
-    told apart by this measurement (a tie), whichever printed number is larger.
-    """
-    per_step = [m["tokens"] / m["step_s"] for r in runs for m in r["steps"]]
-    return statistics.stdev(per_step) / len(per_step) ** 0.5 if len(per_step) > 1 else 0.0
-
-
-def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The run of median step time (an actual run, so its fields stay consistent with each other)."""
-    return sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]
+def summarize_runs(runs: Sequence[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """One configuration's runs (one per round) as one: the median over the runs of each `MEDIAN_KEYS`
+    field (`statistics.median`: with an even number of runs the mean of the middle two, so the fields
+    need not add up as one run's do), the largest `staleness_max`, and percentile-bootstrap 95%
+    intervals (`median_ci`, bootstrap seed `seed`) of the step time and throughput over the run-level
+    values (each run's mean step time, its total tokens over total time; steps within a run are not
+    independent, so they are never pooled)."""
+    out: dict[str, Any] = {
+        "mode": runs[0]["mode"],
+        "alpha": runs[0]["alpha"],
+        "runs": len(runs),
+        **{k: statistics.median(float(r[k]) for r in runs) for k in MEDIAN_KEYS},
+        "staleness_max": max(int(r["staleness_max"]) for r in runs),
+    }
+    for key in ("step_s", "tokens_per_s"):
+        _, out[f"{key}_ci_low"], out[f"{key}_ci_high"] = median_ci([float(r[key]) for r in runs], seed)
+    return out

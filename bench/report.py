@@ -128,3 +128,13 @@ def median_ci(xs: list[float], seed: int = 0, draws: int = 2000) -> tuple[float,
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
     return statistics.median(xs), meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+def ci_text(x: float | None, low: float | None, high: float | None, fmt: str) -> str:
+    """`x [low, high]` in `fmt`, or a dash when any of them is missing (a table cell)."""
+    return "—" if x is None or low is None or high is None else f"{x:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def ci_errors(rows: Sequence[dict[str, Any]], key: str, low: str, high: str) -> list[list[float]]:
+    """Matplotlib's asymmetric `yerr` of each row's `key` from its interval columns `low`/`high`."""
+    return [[r[key] - r[low] for r in rows], [r[high] - r[key] for r in rows]]

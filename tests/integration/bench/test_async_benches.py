@@ -45,9 +45,12 @@ def test_async_modes_measures_each_mode_and_the_ideal_step(tmp_path):
     assert (
         ideal["rollout_s"] == parts["sync+"]["wait_batch_s"] and ideal["train_s"] == parts["sync+"]["train_s"]
     )
-    assert ideal["ideal_step_s"] == pytest.approx(
-        max(ideal["rollout_s"], ideal["train_s"]) + parts["rollart"]["sync_s"]
-    )
+    best_sync = min(b["sync_s"] for b in parts.values())  # the smallest of any mode, not rollart's own
+    assert ideal["exposed_sync_s"] == best_sync and ideal["exposed_sync_mode"] in parts
+    assert ideal["ideal_step_s"] == pytest.approx(max(ideal["rollout_s"], ideal["train_s"]) + best_sync)
+    assert ideal["meets_ideal"] == (ideal["ideal_step_s"] >= ideal["rollart_ci_low"])
+    assert payload["clock"] == "wall" and payload["seeds"] == [0]
+    assert all(r["runs"] == 1 and r["ci_low"] == r["step_s"] == r["ci_high"] for r in rows)  # one seed
     assert ideal["rollart_step_s"] == rows[1]["step_s"]
     assert (payload["order_violations"] == []) == (rows[0]["tokens_per_s"] < rows[1]["tokens_per_s"])
     assert "2.65–4.58x" in payload["note"] and "Load average" in payload["note"]

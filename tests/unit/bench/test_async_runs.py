@@ -4,14 +4,18 @@ from dataclasses import replace
 import pytest
 
 from bench.async_runs import (
+    MEDIAN_KEYS,
+    SEED_STRIDE,
     LatencyEnvs,
     RunSettings,
     add_run_arguments,
     bias_summary,
     experiment_data,
-    median_run,
+    round_seeds,
+    run_all,
+    run_order,
+    summarize_runs,
     summarize_steps,
-    throughput_se,
 )
 from bench.report import pick_settings
 from engine.config import load_config
@@ -93,19 +97,81 @@ def test_summarize_steps_by_hand():
     assert got["staleness_max"] == 1
 
 
-def test_median_run_is_an_actual_run():
-    runs = [{"step_s": 3.0, "id": "a"}, {"step_s": 1.0, "id": "b"}, {"step_s": 2.0, "id": "c"}]
-    assert median_run(runs)["id"] == "c"
-    assert median_run(runs[:1])["id"] == "a"
+def test_each_round_has_its_own_seed_far_enough_apart_that_no_env_draw_is_shared():
+    assert round_seeds(RunSettings(seed=7, rounds=3)) == [7, 7 + SEED_STRIDE, 7 + 2 * SEED_STRIDE]
+    s = RunSettings()  # a run builds one env per trajectory: far fewer than the stride
+    assert (s.warmup + s.steps + 2) * s.batch_groups * s.group_size + s.envs < SEED_STRIDE
 
 
-def test_throughput_se_pools_every_step_of_every_round():
-    def run(*steps: tuple[int, float]) -> dict:
-        return {"steps": [{"tokens": t, "step_s": s} for t, s in steps]}
+def test_run_order_rotates_the_configurations_every_round():
+    assert run_order(2, 3) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
+    order = run_order(5, 5)
+    rounds = [[i for r, i in order if r == k] for k in range(5)]
+    assert all(sorted(r) == [0, 1, 2, 3, 4] for r in rounds)  # every configuration once a round
+    assert all(sorted(r[pos] for r in rounds) == [0, 1, 2, 3, 4] for pos in range(5))  # ... in every slot
 
-    # per-step throughputs 100, 200 (round 1) and 300 (round 2): stdev 100, n 3 -> 100 / √3
-    assert throughput_se([run((100, 1.0), (400, 2.0)), run((300, 1.0))]) == pytest.approx(100 / 3**0.5)
-    assert throughput_se([run((100, 1.0))]) == 0.0  # one step: no spread to measure
+
+def test_run_all_runs_every_configuration_once_per_round_on_that_rounds_seed(monkeypatch, tmp_path):
+    import engine.models.tiny
+
+    calls: list[tuple[int, str]] = []
+
+    def fake_run(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str) -> dict:
+        calls.append((s.seed, mode))
+        return {
+            "mode": mode,
+            "alpha": alpha,
+            "seed": s.seed,
+            "step_s": 1.0,
+            "tokens_per_s": 1.0,
+            "aborted": 0,
+        }
+
+    monkeypatch.setattr(engine.models.tiny, "init_model", lambda size, path, seed: tmp_path)
+    monkeypatch.setattr("bench.async_runs._run_one", fake_run)
+    out = run_all(RunSettings(seed=1, rounds=3), [("sync", 0), ("rollart", 1)])
+    seeds = [1, 1 + SEED_STRIDE, 1 + 2 * SEED_STRIDE]
+    assert calls == [
+        (seeds[0], "sync"),
+        (seeds[0], "rollart"),
+        (seeds[1], "rollart"),  # rotated: rollart goes first in round 1
+        (seeds[1], "sync"),
+        (seeds[2], "sync"),
+        (seeds[2], "rollart"),
+    ]
+    assert [[r["seed"] for r in rs] for rs in out] == [seeds, seeds]  # per entry, in round order
+    assert [[r["mode"] for r in rs] for rs in out] == [["sync"] * 3, ["rollart"] * 3]
+
+
+def run_with(step_s: float, tokens_per_s: float, **kw: float) -> dict:
+    """A run's fields (every `MEDIAN_KEYS` one), 50 steps of it all alike."""
+    fields = dict.fromkeys(MEDIAN_KEYS, 1.0) | {"step_s": step_s, "tokens_per_s": tokens_per_s} | kw
+    steps = [{"step_s": step_s, "tokens": tokens_per_s * step_s}] * 50
+    return {"mode": "rollart", "alpha": 1, "staleness_max": 0, **fields, "steps": steps}
+
+
+def test_summarize_runs_takes_honest_medians_over_runs_with_intervals_over_run_level_values():
+    runs = [
+        run_with(3.0, 100.0, sync_s=0.4, aborted=2, staleness_max=1),
+        run_with(1.0, 300.0, sync_s=0.1, aborted=0),
+        run_with(2.0, 150.0, sync_s=0.2, aborted=1),
+        run_with(4.0, 75.0, sync_s=0.3, aborted=5),
+    ]
+    got = summarize_runs(runs)
+    assert (got["mode"], got["alpha"], got["runs"]) == ("rollart", 1, 4)
+    # four runs: the mean of the middle two, not the slower (or faster) of them
+    assert got["step_s"] == 2.5 and got["tokens_per_s"] == 125.0
+    assert got["sync_s"] == pytest.approx(0.25) and got["aborted"] == 1.5
+    assert got["staleness_max"] == 1  # the largest
+    # bootstrap over 4 run-level values: a resample's median is the smallest (or largest) one about 5%
+    # of the time, so the 95% interval reaches from the smallest run to the largest (over the 200
+    # steps pooled, it would shrink to about the middle runs)
+    assert (got["step_s_ci_low"], got["step_s_ci_high"]) == (1.0, 4.0)
+    assert (got["tokens_per_s_ci_low"], got["tokens_per_s_ci_high"]) == (75.0, 300.0)
+    three = summarize_runs(runs[1:])
+    assert (three["step_s"], three["step_s_ci_low"], three["step_s_ci_high"]) == (2.0, 1.0, 4.0)
+    one = summarize_runs(runs[:1])
+    assert (one["step_s"], one["step_s_ci_low"], one["step_s_ci_high"]) == (3.0, 3.0, 3.0)  # one run
 
 
 def test_bias_summary_reads_the_one_tasks_turns_and_the_aborted_share():

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.report import at_least, markdown_table, median_ci, numbers, pick_settings
+from bench.report import at_least, ci_errors, ci_text, markdown_table, median_ci, numbers, pick_settings
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,10 @@ def test_the_median_interval_is_a_bootstrap_over_steps():
     assert med == statistics.median(xs) and lo >= 1.0 and hi <= 100.0 and lo < med < hi
     assert median_ci([2.0] * 5) == (2.0, 2.0, 2.0)
     assert median_ci(xs, seed=1) == median_ci(xs, seed=1)
+
+
+def test_an_interval_is_written_beside_its_median_and_as_error_bars():
+    assert ci_text(1.234, 1.0, 1.5, ".2f") == "1.23 [1.00, 1.50]"
+    assert ci_text(1.0, None, 2.0, ".2f") == "—"  # no interval (e.g. one seed never got there): no claim
+    rows = [{"x": 2.0, "lo": 1.5, "hi": 3.0}, {"x": 1.0, "lo": 1.0, "hi": 1.25}]
+    assert ci_errors(rows, "x", "lo", "hi") == [[0.5, 0.0], [1.0, 0.25]]
