@@ -70,6 +70,18 @@ def at_least(kind: type, low: float, strict: bool = False) -> Any:
     return parse
 
 
+def names_of(choices: Sequence[str]) -> Any:
+    """An argparse type: a comma list of names, each one of `choices` ('a,b' -> ('a', 'b'))."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(x.strip() for x in text.split(","))
+        if not set(names) <= set(choices):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
+        return names
+
+    return parse
+
+
 def numbers(kind: type, low: float, strict: bool = False) -> Any:
     """An argparse type: comma-separated `kind` values, each `at_least(kind, low, strict)`."""
     one = at_least(kind, low, strict)

@@ -41,6 +41,7 @@ from bench.async_runs import LatencyEnvs
 from bench.report import (
     at_least,
     median_ci,
+    names_of,
     new_figure,
     numbers,
     pick_settings,
@@ -104,23 +105,13 @@ def _runs(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _names(choices: tuple[str, ...]) -> Any:
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(x.strip() for x in text.split(","))
-        if not set(names) <= set(choices):
-            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
-        return names
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="the experiment config trained (default configs/quickstart.yaml)")
     add("--runs", type=_runs, help="modes with their α, e.g. 'sync+,areal:1,rollart:1,rollart:2'")
     add("--seeds", type=numbers(int, 0), help="train.seed of each run (default 0,1,2)")
-    add("--settings", type=_names(SETTINGS), help="plain, waiting or both (default both)")
-    add("--layouts", type=_names(LAYOUTS), help="shared, split or both (default both)")
+    add("--settings", type=names_of(SETTINGS), help="plain, waiting or both (default both)")
+    add("--layouts", type=names_of(LAYOUTS), help="shared, split or both (default both)")
     add("--steps", type=at_least(int, 1), help="training steps per run")
     add("--eval-every", type=at_least(int, 1), help="a checkpoint scored every k steps (and the last)")
     add("--eval-problems", type=at_least(int, 1), help="held-out questions scored per checkpoint")

@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.async_runs import LatencyEnvs
-from bench.report import at_least, median_ci, new_figure, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    at_least,
+    median_ci,
+    names_of,
+    new_figure,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -61,19 +70,9 @@ FULL = Settings()
 QUICK = replace(FULL, models=("tiny",), steps=5, warmup=1)
 
 
-def _names(choices: tuple[str, ...]) -> Any:
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(x.strip() for x in text.split(","))
-        if not names or not set(names) <= set(choices):
-            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
-        return names
-
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", type=_names(tuple(MODELS)), help="tiny,smollm2 (quick: tiny)")
-    p.add_argument("--settings", type=_names(SETTINGS), help="single-turn,waiting-env (default both)")
+    p.add_argument("--models", type=names_of(tuple(MODELS)), help="tiny,smollm2 (quick: tiny)")
+    p.add_argument("--settings", type=names_of(SETTINGS), help="single-turn,waiting-env (default both)")
     p.add_argument("--steps", type=at_least(int, 2), help=f"measured steps per run ({FULL.steps})")
     p.add_argument("--warmup", type=at_least(int, 0), help=f"unmeasured steps first ({FULL.warmup})")
     p.add_argument("--threads", type=at_least(int, 1), help="CPU threads of each system (2)")

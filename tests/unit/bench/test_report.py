@@ -4,7 +4,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.report import at_least, ci_errors, ci_text, markdown_table, median_ci, numbers, pick_settings
+from bench.report import (
+    at_least,
+    ci_errors,
+    ci_text,
+    markdown_table,
+    median_ci,
+    names_of,
+    numbers,
+    pick_settings,
+)
 
 
 @dataclass(frozen=True)
@@ -60,3 +69,10 @@ def test_an_interval_is_written_beside_its_median_and_as_error_bars():
     assert ci_text(1.0, None, 2.0, ".2f") == "—"  # no interval (e.g. one seed never got there): no claim
     rows = [{"x": 2.0, "lo": 1.5, "hi": 3.0}, {"x": 1.0, "lo": 1.0, "hi": 1.25}]
     assert ci_errors(rows, "x", "lo", "hi") == [[0.5, 0.0], [1.0, 0.25]]
+
+
+def test_a_list_of_names_is_parsed_and_an_unknown_name_refused():
+    parse = names_of(("plain", "waiting"))
+    assert parse("waiting, plain") == ("waiting", "plain")
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from plain, waiting; got 'wait'"):
+        parse("wait")
