@@ -150,3 +150,8 @@ def ci_text(x: float | None, low: float | None, high: float | None, fmt: str) ->
 def ci_errors(rows: Sequence[dict[str, Any]], key: str, low: str, high: str) -> list[list[float]]:
     """Matplotlib's asymmetric `yerr` of each row's `key` from its interval columns `low`/`high`."""
     return [[r[key] - r[low] for r in rows], [r[high] - r[key] for r in rows]]
+
+
+def or_dash(x: float | None, spec: str = ".0f") -> str:
+    """`x` in `spec`, or a dash for None (a table cell)."""
+    return "—" if x is None else format(x, spec)

@@ -44,6 +44,7 @@ from bench.report import (
     names_of,
     new_figure,
     numbers,
+    or_dash,
     pick_settings,
     print_table,
     save_figure,
@@ -306,10 +307,6 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(x: float | None, spec: str = ".0f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
     panels = sorted({(r["setting"], r["layout"]) for r in runs})
     fig, axes = new_figure(6 * len(panels), 4, cols=len(panels))
@@ -372,9 +369,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mode": o["mode"],
             "α": str(o["alpha"]),
             "reached": o["reached"],
-            "median s": _fmt(o["median_s"]),
-            "range s": f"{_fmt(o['min_s'])}–{_fmt(o['max_s'])}",
-            "×sync+": _fmt(o["speedup_vs_sync_plus"], ".2f"),
+            "median s": or_dash(o["median_s"]),
+            "range s": f"{or_dash(o['min_s'])}–{or_dash(o['max_s'])}",
+            "×sync+": or_dash(o["speedup_vs_sync_plus"], ".2f"),
         }
         for o in summary
     ]

@@ -45,8 +45,10 @@ from typing import Any
 
 from bench.report import (
     at_least,
+    ci_errors,
     load_note,
     median_ci,
+    names_of,
     new_figure,
     numbers,
     pick_settings,
@@ -77,16 +79,9 @@ FULL = Settings()
 QUICK = replace(FULL, model_mb=(16, 128), bucket_mb=(16, 64), steps=3)
 
 
-def _stores(text: str) -> tuple[str, ...]:
-    values = tuple(text.split(","))
-    if not values or any(v not in ("mooncake", "ray") for v in values):
-        raise argparse.ArgumentTypeError(f"stores are mooncake and/or ray, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     f, q, add = FULL, QUICK, parser.add_argument
-    add("--stores", type=_stores, help="mooncake,ray (default both)")
+    add("--stores", type=names_of(("mooncake", "ray")), help="mooncake,ray (default both)")
     add("--model-mb", type=numbers(int, 1), help=f"state dict sizes, MiB ({f.model_mb}; quick {q.model_mb})")
     add("--bucket-mb", type=numbers(int, 1), help=f"bucket sizes, MiB ({f.bucket_mb}; quick {q.bucket_mb})")
     add("--steps", type=at_least(int, 1), help=f"steps per setting and window ({f.steps}; quick {q.steps})")
@@ -339,11 +334,8 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
     for ax, window in zip(axes, WINDOWS, strict=True):
         for store, bucket in sorted({(r["store"], r["bucket_mb"]) for r in rows}):
             pts = [r for r in rows if (r["store"], r["bucket_mb"], r["window"]) == (store, bucket, window)]
-            mid, low, high = ([r[k] for r in pts] for k in ("hidden_fraction", "ci_low", "ci_high"))
-            err = [
-                [m - lo for m, lo in zip(mid, low, strict=True)],
-                [h - m for m, h in zip(mid, high, strict=True)],
-            ]
+            mid = [r["hidden_fraction"] for r in pts]
+            err = ci_errors(pts, "hidden_fraction", "ci_low", "ci_high")
             fmt, label = "o-" if store == "mooncake" else "s--", f"{store}, {bucket} MiB buckets"
             ax.errorbar([r["model_mb"] for r in pts], mid, yerr=err, fmt=fmt, capsize=3, label=label)
         ax.axhspan(*PAPER_HIDDEN, color="tab:orange", alpha=0.2, label="paper (67–78%)")

@@ -12,6 +12,7 @@ from bench.report import (
     median_ci,
     names_of,
     numbers,
+    or_dash,
     pick_settings,
 )
 
@@ -69,6 +70,7 @@ def test_an_interval_is_written_beside_its_median_and_as_error_bars():
     assert ci_text(1.0, None, 2.0, ".2f") == "—"  # no interval (e.g. one seed never got there): no claim
     rows = [{"x": 2.0, "lo": 1.5, "hi": 3.0}, {"x": 1.0, "lo": 1.0, "hi": 1.25}]
     assert ci_errors(rows, "x", "lo", "hi") == [[0.5, 0.0], [1.0, 0.25]]
+    assert or_dash(None) == "—" and or_dash(95.4) == "95" and or_dash(1.234, ".2f") == "1.23"
 
 
 def test_a_list_of_names_is_parsed_and_an_unknown_name_refused():
