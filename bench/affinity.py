@@ -54,6 +54,7 @@ from bench.harness import (
 )
 from bench.report import (
     at_least,
+    headline_row,
     median_ci,
     new_figure,
     numbers,
@@ -64,6 +65,7 @@ from bench.report import (
 )
 
 PAPER = {"vs_h20": (1.30, 1.68), "vs_h800": (1.12, 1.37)}  # R1: mixed-fleet speedup ranges
+PAPER_PRICE_RATIO = 0.5  # R1's setting: an H20 at about half an H800's price
 FLEETS = ("h800", "h20", "mixed")
 DERATE = {"both": (True, True), "mfu": (True, False), "mbu": (False, True)}  # which of (mfu, mbu) is e
 
@@ -290,6 +292,22 @@ def _shown(c: dict[str, Any]) -> dict[str, Any]:
         "gain_raw": c["gain_raw"],
         "verdict": c["verdict"],
     }
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mixed fleet's gains at the cell nearest the paper's setting (an H20 at half an H800's price, at
+    peak): over each single-type fleet beside the paper's range, and over the faster of the two."""
+    c = min(payload["cells"], key=lambda x: (abs(x["ratio"] - PAPER_PRICE_RATIO), -x["efficiency"]))
+    at = f"price ratio {c['ratio']:g}, efficiency {c['efficiency']:g}"
+    return [
+        *(
+            headline_row(
+                f"step, {fleet}-only / mixed ({at})", c[k], c[f"{k}_ci_low"], c[f"{k}_ci_high"], PAPER[k]
+            )
+            for k, fleet in (("vs_h20", "H20"), ("vs_h800", "H800"))
+        ),
+        headline_row(f"step, faster single type / mixed ({at})", c["gain"], c["ci_low"], c["ci_high"]),
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

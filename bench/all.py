@@ -1,8 +1,11 @@
 """`rollart bench all [--quick] --out DIR`: every registered benchmark, then one Markdown report.
 
 Each benchmark runs with its defaults (or `--quick`) and writes DIR/NAME.json and DIR/NAME.png; DIR/report.md
-gets, per benchmark, its note (the paper's figure beside ours), its rows as a table and its plot. A benchmark
-that fails (e.g. proxy-overhead without vLLM) is reported with its error and the others still run.
+opens with one headline table (per benchmark, the rows its `headline(payload)` returns: the metric, our
+median and its 95% interval, the paper's number and the ideal, beside the clock and the seeds), then gets,
+per benchmark, its note (the paper's figure beside ours), its rows as a table and its plot. A benchmark
+that fails (e.g. proxy-overhead without vLLM) is reported with its error and the others still run; one
+without a `headline` function, or whose `headline` raises, is named in the headline table.
 """
 
 from __future__ import annotations
@@ -48,6 +51,81 @@ def _section(name: str, result: dict[str, Any], out: Path) -> str:
     return "\n".join(lines)
 
 
+def number(x: Any) -> str:
+    """A headline cell: 4 significant digits (whole numbers from 10,000), a range (low, high) as low–high,
+    a dash for None."""
+    if x is None:
+        return "—"
+    if isinstance(x, list | tuple):
+        return "–".join(number(v) for v in x)
+    return f"{x:.0f}" if abs(x) >= 1e4 else f"{x:.4g}"
+
+
+def interval(low: float | None, high: float | None) -> str:
+    """`[low, high]` in `number`'s format, or a dash when either end is missing."""
+    return "—" if low is None or high is None else f"[{number(low)}, {number(high)}]"
+
+
+def headline_rows(module: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The benchmark's `headline(payload)` rows; one row saying why when it failed, has no `headline`,
+    or its `headline` raised or returned nothing."""
+    if "error" in result:
+        return [{"metric": "(benchmark failed: see its section)"}]
+    headline = getattr(module, "headline", None)
+    if not callable(headline):
+        return [{"metric": f"(no headline: {module.__name__} has no headline(payload) function)"}]
+    try:
+        return headline(result["payload"]) or [{"metric": "(headline returned no rows)"}]
+    except Exception as e:  # a bad headline must not lose the report
+        return [{"metric": f"(headline failed: {type(e).__name__}: {e})"}]
+
+
+def headline_table(results: dict[str, dict[str, Any]], headlines: dict[str, list[dict[str, Any]]]) -> str:
+    """report.md's headline table: every benchmark's headline rows beside its clock and seeds."""
+    lines = []
+    for name, rows in headlines.items():
+        payload = results[name].get("payload", {})
+        seeds = ", ".join(str(x) for x in payload.get("seeds", [])) or "—"
+        lines += [
+            {
+                "benchmark": name,
+                "metric": str(h["metric"]).replace("|", "\\|").replace("\n", " "),  # one table cell
+                "ours": number(h.get("value")),
+                "95% interval": interval(h.get("ci_low"), h.get("ci_high")),
+                "paper": number(h.get("paper")),
+                "ideal": number(h.get("ideal")),
+                "clock": payload.get("clock", "—"),
+                "seeds": seeds,
+            }
+            for h in rows
+        ]
+    return markdown_table(lines)
+
+
+HEADER = (
+    "Headline: per benchmark, the figures its `headline(payload)` picks. ours: our median (over seeds or "
+    "repeats where it has them); 95% interval: its percentile-bootstrap interval (— where there is none, "
+    "e.g. one run, or a deterministic simulated clock); paper: the paper's number (a range as low–high); "
+    "ideal: the benchmark's own bound (e.g. perfect overlap); clock: virtual (simulated) or wall. What each "
+    "figure means and how it was measured: the benchmark's section and module docstring."
+)
+
+
+def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run every benchmark in `names` (name -> module path); their results and modules by name."""
+    results: dict[str, dict[str, Any]] = {}
+    modules: dict[str, Any] = {}
+    for name, path in names.items():
+        modules[name] = module = importlib.import_module(path)
+        t0 = time.perf_counter()
+        try:
+            payload = module.run(_args(name, module, quick, out / f"{name}.json"))
+            results[name] = {"payload": payload, "seconds": time.perf_counter() - t0}
+        except Exception:  # one broken benchmark must not lose the others' results
+            results[name] = {"error": traceback.format_exc(limit=3), "seconds": time.perf_counter() - t0}
+    return results, modules
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench import BENCHMARKS
 
@@ -59,20 +137,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(
             f"--skip: unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(BENCHMARKS)}"
         )
-    results: dict[str, dict[str, Any]] = {}
-    for name, path in BENCHMARKS.items():
-        if path == __name__ or name in skip:
-            continue
-        module = importlib.import_module(path)
-        t0 = time.perf_counter()
-        try:
-            payload = module.run(_args(name, module, bool(args.quick), out / f"{name}.json"))
-            results[name] = {"payload": payload, "seconds": time.perf_counter() - t0}
-        except Exception:  # one broken benchmark must not lose the others' results
-            results[name] = {"error": traceback.format_exc(limit=3), "seconds": time.perf_counter() - t0}
-    mode = "quick" if args.quick else "full"
+    names = {n: p for n, p in BENCHMARKS.items() if p != __name__ and n not in skip}
+    results, modules = _run_each(names, bool(args.quick), out)
+    headlines = {n: headline_rows(modules[n], r) for n, r in results.items()}
     header = [
-        f"# rollart benchmarks ({mode})",
+        f"# rollart benchmarks ({'quick' if args.quick else 'full'})",
+        "",
+        HEADER,
+        "",
+        headline_table(results, headlines),
         "",
         "Each section: the paper's figure beside ours, the rows (as in NAME.json) and the plot. "
         "Modelled devices, real control plane (see each benchmark's module docstring).",
@@ -83,6 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "report": str(report),
         "failed": [n for n, r in results.items() if "error" in r],
+        "no_headline": [n for n, m in modules.items() if not callable(getattr(m, "headline", None))],
+        "headline": headlines,
         "results": results,
     }
     write_json(getattr(args, "json", None), summary)

@@ -32,6 +32,7 @@ from bench.async_runs import RunSettings, add_run_arguments, round_seeds, run_al
 from bench.report import (
     ci_errors,
     ci_text,
+    headline_row,
     load_note,
     median_ci,
     new_figure,
@@ -169,6 +170,15 @@ def _note(s: RunSettings, best: dict[str, Any] | None, bound_held: bool) -> str:
         f"Paper: the gain plateaus, at most {PAPER_MAX_GAIN}x over α=1. {ours}"
         f"Staleness bound (max staleness <= α in every row): {'held' if bound_held else 'BROKEN'}.\n"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The best α's throughput over α = 1 with that α's own interval, beside the paper's largest gain."""
+    best = payload["best"]
+    if best is None:
+        return []
+    metric = f"tokens/s, best α={best['alpha']} (of {len(payload['rows'])} swept) / α=1"
+    return [headline_row(metric, best["speedup_vs_alpha1"], best["ci_low"], best["ci_high"], PAPER_MAX_GAIN)]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from bench.async_runs import (
 from bench.report import (
     ci_errors,
     ci_text,
+    headline_row,
     load_note,
     median_ci,
     new_figure,
@@ -311,6 +312,20 @@ def _note(s: RunSettings, rows: list[dict[str, Any]], best: dict[str, Any] | Non
         "started mean turns apart, or aborted tokens above a few percent, mean a mode trains a biased "
         "sample.\n"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """rollart's throughput over sync (paired by seed; paper 2.65–4.58x; none without sync) and its step time
+    beside the ideal overlapped step (None without sync+); nothing without a rollart row."""
+    ours = next((r for r in payload["rows"] if r["mode"] == "rollart"), None)
+    if ours is None:
+        return []
+    ideal = payload["ideal"]["ideal_step_s"] if payload["ideal"] else None
+    step = headline_row("step s, rollart", ours["step_s"], ours["ci_low"], ours["ci_high"], ideal=ideal)
+    if ours["speedup_vs_sync"] is None:
+        return [step]
+    speedup = (ours["speedup_vs_sync"], ours["speedup_ci_low"], ours["speedup_ci_high"])
+    return [headline_row("tokens/s, rollart / sync", *speedup, paper=PAPER_SPEEDUP), step]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from bench.report import (
     at_least,
     ci_errors,
     ci_text,
+    headline_row,
     median_ci,
     new_figure,
     pick_settings,
@@ -348,6 +349,19 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, path, "faults.png")
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The requirements as totals over every run (ideal: every step, nothing lost, no partial group) and the
+    step time at the highest failure rate per redundancy with its interval (the paper gives no figure)."""
+    rows = payload["rows"]
+    total, top = {k: sum(r[k] for r in rows) for k in TOTALS}, max(r["failure_rate"] for r in rows)
+    return [
+        headline_row("steps done / asked, all runs", total["steps_done"] / total["steps_asked"], ideal=1.0),
+        headline_row("members lost, all runs", total["lost"], ideal=0),
+        headline_row("partial groups trained, all runs", total["partial_groups_trained"], ideal=0),
+    ] + [headline_row(f"step s at failure rate {top:g}, r={r['redundancy']}", r["step_s"], r["ci_low"],
+                      r["ci_high"]) for r in rows if r["failure_rate"] == top]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

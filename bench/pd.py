@@ -68,7 +68,16 @@ from bench.harness import (
     output_tokens,
     rollout_step,
 )
-from bench.report import median_ci, new_figure, numbers, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    headline_row,
+    median_ci,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 PAPER = {"dense": (1.03, 1.05), "moe": (1.11, 1.21)}  # speedup of PD over colocated
 MODELS = {"dense": "qwen2.5-7b", "moe": "qwen3-30b-a3b"}
@@ -223,6 +232,21 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
         f"{s.swe_turns[1]} turns of {s.swe_obs_tokens}-token observations, CoT {s.cot_tokens[0]}–"
         f"{s.cot_tokens[1]} tokens; {clock_note(s.clock, s.unit_ms)}"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every PD configuration's speedup over colocated (none picked), the paper's range for its model."""
+    return [
+        headline_row(
+            f"step, colocated / {r['config']} ({r['model']}, {r['groups']} groups)",
+            r["speedup"],
+            r["ci_low"],
+            r["ci_high"],
+            PAPER[r["model"]],
+        )
+        for r in payload["rows"]
+        if r["config"] != "colocated"
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from bench.harness import (
 )
 from bench.report import (
     at_least,
+    headline_row,
     median_ci,
     new_figure,
     numbers,
@@ -212,16 +213,25 @@ def _plot(rows: list[dict[str, Any]], s: Settings, json_path: str | None) -> str
     return save_figure(fig, json_path, "redundancy.png")
 
 
-def _note(rows: list[dict[str, Any]], s: Settings) -> str:
+def _extremes(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The rows with spares (r > 0), and among them the best and the worst speedup over r = 0."""
     spare = [r for r in rows if r["redundancy"] > 0]
-    best, worst = max(spare, key=lambda r: r["speedup"]), min(spare, key=lambda r: r["speedup"])
+    return spare, max(spare, key=lambda r: r["speedup"]), min(spare, key=lambda r: r["speedup"])
+
+
+def _where(r: dict[str, Any]) -> str:
+    """A row's configuration: G, groups, straggler share and slowdown, r."""
+    return (
+        f"G={r['group_size']}, {r['env_groups']} groups, {r['straggler_rate']:.0%} "
+        f"x{r['straggler_factor']:g}, r={r['redundancy']}"
+    )
+
+
+def _note(rows: list[dict[str, Any]], s: Settings) -> str:
+    spare, best, worst = _extremes(rows)
 
     def where(r: dict[str, Any]) -> str:
-        return (
-            f"{r['speedup']:.3f}x [{r['ci_low']:.3f}, {r['ci_high']:.3f}] (G={r['group_size']}, "
-            f"{r['env_groups']} groups, {r['straggler_rate']:.0%} x{r['straggler_factor']:g}, "
-            f"r={r['redundancy']})"
-        )
+        return f"{r['speedup']:.3f}x [{r['ci_low']:.3f}, {r['ci_high']:.3f}] ({_where(r)})"
 
     count = {v: sum(r["pays"] == v for r in spare) for v in ("yes", "no")}
     engines = f"--engines {s.engines}" if s.engines else f"one H800 per {ENVS_PER_ENGINE} envs of r = 0"
@@ -233,6 +243,29 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
         f"{s.fail_rate:.0%} of envs die mid-episode; "
         f"failed/cancelled/groups_dropped summed over seeds; {clock_note(s.clock, s.unit_ms)}"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The best (paper: up to 1.62x) and the worst speedup over r = 0 of the configurations with spares, as
+    in the note, and the share of them where r pays (its interval above 1)."""
+    spare, best, worst = _extremes(payload["rows"])
+    pays = sum(r["pays"] == "yes" for r in spare) / len(spare)
+    return [
+        headline_row(
+            f"step, r=0 / r, best of {len(spare)} ({_where(best)})",
+            best["speedup"],
+            best["ci_low"],
+            best["ci_high"],
+            PAPER_MAX_SPEEDUP,
+        ),
+        headline_row(
+            f"step, r=0 / r, worst of {len(spare)} ({_where(worst)})",
+            worst["speedup"],
+            worst["ci_low"],
+            worst["ci_high"],
+        ),
+        headline_row(f"share of the {len(spare)} configurations with spares where r pays", pays),
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -155,3 +155,23 @@ def ci_errors(rows: Sequence[dict[str, Any]], key: str, low: str, high: str) -> 
 def or_dash(x: float | None, spec: str = ".0f") -> str:
     """`x` in `spec`, or a dash for None (a table cell)."""
     return "—" if x is None else format(x, spec)
+
+
+def headline_row(
+    metric: str,
+    value: float | None,
+    ci_low: float | None = None,
+    ci_high: float | None = None,
+    paper: float | Sequence[float] | None = None,
+    ideal: float | None = None,
+) -> dict[str, Any]:
+    """One row of a benchmark's `headline(payload)` (report.md's headline table, `bench.all`): our figure,
+    its 95% interval, the paper's number (a range as (low, high)) and the ideal; None where there is none."""
+    return {
+        "metric": metric,
+        "value": value,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "paper": paper,
+        "ideal": ideal,
+    }

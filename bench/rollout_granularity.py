@@ -39,7 +39,16 @@ from typing import TYPE_CHECKING, Any
 
 from bench.clock import run as run_loop
 from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, steady_gc
-from bench.report import at_least, new_figure, numbers, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    at_least,
+    headline_row,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
@@ -308,6 +317,21 @@ def _verdict(rows: list[dict[str, Any]]) -> str:
         for r in rows
         if r["paper_speedup"] is not None
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """batch/trajectory step time at every T for each σ the paper gives (all rows if it gives none), beside
+    the ideal from the draws; one seed on a deterministic clock, so no interval."""
+    rows = [r for r in payload["rows"] if r["paper_speedup"] is not None] or payload["rows"]
+    return [
+        headline_row(
+            f"step time batch/trajectory, σ={r['sigma']:g}, T={r['turns']}",
+            r["speedup"],
+            paper=r["paper_speedup"],
+            ideal=r["ideal_speedup"],
+        )
+        for r in rows
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -43,7 +43,16 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bench.harness import Workload, clock_note, modelled_slots, rollout_step
-from bench.report import median_ci, new_figure, numbers, pick_settings, print_table, save_figure, write_json
+from bench.report import (
+    headline_row,
+    median_ci,
+    new_figure,
+    numbers,
+    pick_settings,
+    print_table,
+    save_figure,
+    write_json,
+)
 
 MODEL, PER_ENGINE, GROUP = "qwen2.5-7b", 256, 8
 Run = dict[str, float]  # one step at one concurrency on one seed
@@ -186,6 +195,16 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
         f"T={s.turns} turns, env step {s.env_s} s, {MODEL} on H800s (one per {PER_ENGINE} trajectories); "
         f"{clock_note('wall', s.unit_ms)}"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rollout efficiency (ideal / measured step) at each concurrency; a free control plane keeps 1.0."""
+    return [
+        headline_row(
+            f"rollout efficiency, E={r['concurrency']}", r["efficiency"], r["ci_low"], r["ci_high"], ideal=1.0
+        )
+        for r in payload["rows"]
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from bench.harness import (
 )
 from bench.report import (
     at_least,
+    headline_row,
     median_ci,
     new_figure,
     numbers,
@@ -354,6 +355,25 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
         f"{s.billed_min_s:g} s per instance, {s.per_instance} calls per instance; "
         f"{clock_note(s.clock, s.unit_ms)}"
     )
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each setup's judge utilisation (paper 6% reserved, 88% serverless), each serverless setup's steps per
+    GPU-second over reserved, and the all-GPU serverless setup's step speedup (paper 158 s -> 77 s)."""
+    rows, out = payload["rows"], []
+    for r in rows:
+        where = f"{r['setup']}, {r['gen_gpus']} gen GPUs, {r['judge']}"
+        util = (r["reward_utilization"], r["util_ci_low"], r["util_ci_high"])
+        out.append(
+            headline_row(f"judge utilisation ({where})", *util, PAPER["reward_utilization"][r["setup"]])
+        )
+        if r["setup"] == "serverless":
+            out.append(headline_row(f"GPU-s per step, reserved / this ({where})", r["gain_per_gpu_s"],
+                                    r["ci_low"], r["ci_high"]))  # fmt: skip
+        if r["setup"] == "serverless" and r["gen_gpus"] > rows[0]["gen_gpus"]:
+            paper = PAPER["rollout_s"]["reserved"] / PAPER["rollout_s"]["serverless"]
+            out.append(headline_row(f"step, reserved / this ({where})", r["speedup"], paper=paper))
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from bench.async_runs import LatencyEnvs
 from bench.report import (
     at_least,
+    headline_row,
     median_ci,
     names_of,
     new_figure,
@@ -305,6 +306,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         b = base.get((o["setting"], o["layout"]))
         o["speedup_vs_sync_plus"] = b / o["median_s"] if b and o["median_s"] else None
     return out
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """rollart α=1's time to the target, sync+'s median / its, per setting and layout (paper: 2.05×)."""
+    ours = [o for o in payload["summary"] if (o["mode"], o["alpha"]) == ("rollart", 1)]
+    where = [f"time to target, sync+ / rollart α=1 ({o['setting']} envs, {o['layout']} cores)" for o in ours]
+    return [headline_row(w, o["speedup_vs_sync_plus"], paper=2.05) for w, o in zip(where, ours, strict=True)]
 
 
 def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:

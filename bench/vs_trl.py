@@ -34,6 +34,7 @@ from typing import Any
 from bench.async_runs import LatencyEnvs
 from bench.report import (
     at_least,
+    headline_row,
     median_ci,
     names_of,
     new_figure,
@@ -252,6 +253,15 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
     ax.set_title("rollart vs TRL GRPOTrainer: where a step's time goes")
     ax.legend()
     return save_figure(fig, path, "vs_trl.png")
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rollart mode's generated tokens/s over TRL's, per model and setting (one run each: no interval;
+    the paper has no TRL figure)."""
+    return [
+        headline_row(f"gen tokens/s, rollart {v['mode']} / TRL ({v['model']}, {v['setting']})", v["vs_trl"])
+        for v in payload["vs_trl"]
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from typing import Any
 from bench.report import (
     at_least,
     ci_errors,
+    headline_row,
     load_note,
     median_ci,
     names_of,
@@ -346,6 +347,14 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
         ax.minorticks_off()
         ax.legend(fontsize=7)
     return save_figure(fig, path, "weight_sync.png")
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The least hidden row per window (the note's "at worst"), its `hidden_max` the ideal; target >= 0.9."""
+    least_first = sorted(payload["rows"], key=lambda r: r["hidden_fraction"])
+    return [headline_row("hidden, worst {window}: {store} {model_mb} MiB, bucket {bucket_mb}".format_map(r),
+                         r["hidden_fraction"], r["ci_low"], r["ci_high"], PAPER_HIDDEN, r["hidden_max"])
+            for r in (next(x for x in least_first if x["window"] == w) for w in WINDOWS)]  # fmt: skip
 
 
 def _note(s: Settings, window: dict[str, Any], rows: list[dict[str, Any]]) -> str:
