@@ -121,7 +121,8 @@ def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, 
         try:
             payload = module.run(_args(name, module, quick, out / f"{name}.json"))
             results[name] = {"payload": payload, "seconds": time.perf_counter() - t0}
-        except Exception:  # one broken benchmark must not lose the others' results
+        except (Exception, SystemExit):  # one broken benchmark must not lose the others' results
+            # (SystemExit: faults exits so when a requirement is not met, after writing its JSON)
             results[name] = {"error": traceback.format_exc(limit=3), "seconds": time.perf_counter() - t0}
     return results, modules
 

@@ -17,7 +17,7 @@ from bench.report import headline_row, new_figure, save_figure, write_json
 REGISTERED = {n: p for n, p in bench.BENCHMARKS.items() if p != "bench.all"}
 
 
-def _fake(name: str, fail: bool, headline: Any = "rows") -> types.ModuleType:
+def _fake(name: str, fail: bool | BaseException, headline: Any = "rows") -> types.ModuleType:
     """A benchmark module; `headline`: "rows" (one row from the payload), None (no function) or a callable."""
     module = types.ModuleType(name)
 
@@ -26,7 +26,7 @@ def _fake(name: str, fail: bool, headline: Any = "rows") -> types.ModuleType:
 
     def run(args: argparse.Namespace) -> dict:
         if fail:
-            raise RuntimeError("no GPU here")
+            raise fail if isinstance(fail, BaseException) else RuntimeError("no GPU here")
         fig, ax = new_figure()
         ax.plot([1, 2], [3, 4])
         payload = {
@@ -51,13 +51,21 @@ def _fake(name: str, fail: bool, headline: Any = "rows") -> types.ModuleType:
 def test_report_has_every_table_and_plot_and_the_failures(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "fake_ok", _fake("fake_ok", fail=False))
     monkeypatch.setitem(sys.modules, "fake_bad", _fake("fake_bad", fail=True))
-    monkeypatch.setattr(
-        bench, "BENCHMARKS", {"ok": "fake_ok", "bad": "fake_bad", "skipped": "fake_bad", "all": "bench.all"}
+    monkeypatch.setitem(
+        sys.modules, "fake_exits", _fake("fake_exits", fail=SystemExit("a requirement was not met"))
     )
+    names = {
+        "ok": "fake_ok",
+        "bad": "fake_bad",
+        "exits": "fake_exits",
+        "skipped": "fake_bad",
+        "all": "bench.all",
+    }
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
     out = tmp_path / "report"
     args = argparse.Namespace(quick=True, json=str(tmp_path / "all.json"), out=str(out), skip="skipped")
     summary = bench_all.run(args)
-    assert summary["failed"] == ["bad"] and set(summary["results"]) == {"ok", "bad"}
+    assert summary["failed"] == ["bad", "exits"] and set(summary["results"]) == {"ok", "bad", "exits"}
     report = (out / "report.md").read_text()
     assert "# rollart benchmarks (quick)" in report
     assert "## ok" in report and "Paper: 2x. Ours: 1.5x." in report
@@ -65,6 +73,7 @@ def test_report_has_every_table_and_plot_and_the_failures(tmp_path, monkeypatch)
     assert "![ok](ok.png)" in report and (out / "ok.png").stat().st_size > 0
     assert (out / "ok.json").exists()
     assert "## bad" in report and "RuntimeError: no GPU here" in report
+    assert "## exits" in report and "SystemExit: a requirement was not met" in report  # e.g. faults' verdict
     assert "## skipped" not in report and "## all" not in report
     assert Path(summary["report"]) == out / "report.md"
 
@@ -248,14 +257,8 @@ def _affinity() -> Case:
 
 def _pd() -> Case:
     def row(model: str, config: str, x: float) -> dict:
-        return {
-            "model": model,
-            "groups": 8,
-            "config": config,
-            "speedup": x,
-            "ci_low": x - 0.1,
-            "ci_high": x + 0.2,
-        }
+        where = {"model": model, "groups": 8, "config": config}
+        return where | {"speedup": x, "ci_low": x - 0.1, "ci_high": x + 0.2}
 
     runs = (
         ("dense", "colocated", 1.0),
