@@ -13,10 +13,10 @@ reported in modelled seconds on either clock.
 
 For each T and σ the same draws run through the real control plane twice (LLMProxy → ModelledBackend,
 EnvManager, RolloutScheduler, RewardScorer, SampleBuffer): (a) trajectory granularity, and (b) batch
-granularity, where every turn's generation waits for the slowest env (`LockstepGenerator`). Env i is
-seeded `seed + i` in both modes, and the latencies each env slept are checked against the precomputed
-draws after every run. One rollout step = all E trajectories scored and in the buffer (E/8 GRPO groups
-of 8, no redundancy).
+granularity, where every turn's generation waits for the slowest env (`LockstepGenerator`). Env i of a
+seed is seeded `env_seed(seed, i)` in both modes, and the latencies each env slept are checked against the
+precomputed draws after every run. One rollout step = all E trajectories scored and in the buffer (E/8
+GRPO groups of 8, no redundancy).
 
 Ideal times from the draws alone (no generation, no scheduling overhead): trajectory mode ends when the
 env with the largest total latency ends (max over envs of the sum); batch mode pays each turn's slowest
@@ -25,7 +25,8 @@ env (sum over turns of the max). efficiency = ideal_traj_s / traj_s.
 The paper does not state the T of R2 (its prefill-heavy tasks have 30–100 turns), and the ratio depends on
 it: at σ = 1 batch/trajectory is about (T+1)(μ + zσ) / ((T+1)μ + zσ√(T+1)) with z ≈ 2.6 for the max of 128
 normals, rising with T towards 1.26. So T is swept (25, 50, 100, 200; `--quick` 25 and 50) and every
-(T, σ) is reported, not the T that meets the paper.
+(T, σ) is reported, not the T that meets the paper. Each (T, σ) runs on 5 seeds (`--quick`: 3), each a
+new set of draws: a row gives the medians over them and the speedup's bootstrap 95% interval.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,7 +43,9 @@ from bench.clock import run as run_loop
 from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, steady_gc
 from bench.report import (
     at_least,
+    ci_text,
     headline_row,
+    median_ci,
     new_figure,
     numbers,
     pick_settings,
@@ -71,11 +75,16 @@ class Settings:
     turns: tuple[int, ...] = (25, 50, 100, 200)
     clock: str = "virtual"
     unit_ms: float = 10.0  # with clock="wall": wall ms per modelled second
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 
 FULL = Settings()
-QUICK = Settings(turns=(25, 50), unit_ms=5.0)  # the same workload at fewer lengths
+QUICK = Settings(turns=(25, 50), unit_ms=5.0, seeds=(0, 1, 2))  # the same workload at fewer lengths
+
+
+def env_seed(seed: int, i: int) -> int:
+    """Env i's latency seed under `seed` (seeds far apart: no two seeds share an env's draws)."""
+    return 1_000_000 * seed + i
 
 
 # -- arguments ---------------------------------------------------------------------------------------
@@ -99,9 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--turns", type=numbers(int, 1), help="turns T per trajectory, swept (25,50,100,200; quick 25,50)"
     )
     add_clock_arguments(parser, d.unit_ms)
-    parser.add_argument(
-        "--seed", type=at_least(int, 0), help="env i's latencies are seeded seed + i (default 0)"
-    )
+    parser.add_argument("--seeds", type=numbers(int, 0), help="seeds of each (T, σ) (default 0-4; quick 0-2)")
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -110,14 +117,14 @@ def settings(args: argparse.Namespace) -> Settings:
 
 
 # -- the draws and the ideal schedule ----------------------------------------------------------------
-def latency_draws(s: Settings, turns: int, sigma: float) -> list[list[float]]:
+def latency_draws(s: Settings, turns: int, sigma: float, seed: int) -> list[list[float]]:
     """Per env, in modelled s: its reset latency, then its T step latencies (what `LatencyEnv` sleeps)."""
     from engine.envs.latency import LatencyModel  # numpy: not at CLI start
 
     out = []
     for i in range(s.envs):
-        reset = LatencyModel(s.mu, sigma, seed=s.seed + i, stream=0).draws(1)
-        out.append(reset + LatencyModel(s.mu, sigma, seed=s.seed + i, stream=1).draws(turns))
+        reset = LatencyModel(s.mu, sigma, seed=env_seed(seed, i), stream=0).draws(1)
+        out.append(reset + LatencyModel(s.mu, sigma, seed=env_seed(seed, i), stream=1).draws(turns))
     return out
 
 
@@ -160,12 +167,12 @@ class _Recorded(Env):
 
 
 async def rollout_step(
-    s: Settings, turns: int, sigma: float, granularity: str, chat: ChatFormat, timeout_s: float
+    s: Settings, turns: int, sigma: float, granularity: str, chat: ChatFormat, timeout_s: float, seed: int
 ) -> dict[str, Any]:
     """Run E trajectories of `turns` turns to the buffer once; return the step's modelled seconds, what each
     env slept, and the modelled device's busy seconds. `timeout_s` is on the loop's clock.
 
-    Env i (in the order the scheduler builds them) is seeded `s.seed + i`.
+    Env i (in the order the scheduler builds them) is seeded `env_seed(seed, i)`.
     """
     from engine.backends.modelled import ModelledBackend
     from engine.devices import get_device, get_model
@@ -186,7 +193,7 @@ async def rollout_step(
         latency = (s.mu, sigma)
         inner = make_env(task.env, **task.env_args)
         envs.append(
-            _Recorded(LatencyEnv(inner, latency, latency, seed=s.seed + len(envs), time_scale=unit_s))
+            _Recorded(LatencyEnv(inner, latency, latency, seed=env_seed(seed, len(envs)), time_scale=unit_s))
         )
         return envs[-1]
 
@@ -208,7 +215,7 @@ async def rollout_step(
     # E measured envs competes for the CPU. (Batch granularity starts its waves itself.)
     scheduler = RolloutScheduler(
         [task], chat, proxy, buffer, RewardScorer(), factory, StalenessPolicy("areal", 0),
-        concurrency=s.envs, batch_groups=groups, seed=s.seed, granularity=granularity,
+        concurrency=s.envs, batch_groups=groups, seed=seed, granularity=granularity,
     )  # fmt: skip
     loop = asyncio.get_running_loop()
     with steady_gc():
@@ -234,42 +241,59 @@ async def rollout_step(
     }
 
 
+async def _one(s: Settings, turns: int, sigma: float, seed: int, chat: ChatFormat) -> dict[str, Any]:
+    """Both granularities on one seed's draws: modelled times, the ideal from the draws, device busy."""
+    draws = latency_draws(s, turns, sigma, seed)
+    ideal_traj, ideal_batch = ideal_times(draws)
+    timeout_s = (3 * ideal_batch) * clock_unit_s(s.clock, s.unit_ms) + 60  # a hung run fails with its counts
+    traj = await rollout_step(s, turns, sigma, "trajectory", chat, timeout_s, seed)
+    batch = await rollout_step(s, turns, sigma, "batch", chat, timeout_s, seed)
+    for mode, got in (("trajectory", traj), ("batch", batch)):
+        if got["slept"] != draws:
+            raise RuntimeError(
+                f"T={turns}, σ={sigma}, seed {seed}: the {mode} run's envs slept other latencies"
+            )
+    return {
+        "seed": seed,
+        "traj_s": traj["seconds"],
+        "batch_s": batch["seconds"],
+        "speedup": batch["seconds"] / traj["seconds"],
+        "ideal_traj_s": ideal_traj,
+        "ideal_batch_s": ideal_batch,
+        "ideal_speedup": ideal_batch / ideal_traj,
+        "efficiency": ideal_traj / traj["seconds"],
+        "batch_efficiency": ideal_batch / batch["seconds"],
+        "device_busy_traj": traj["busy_s"] / traj["seconds"],  # the modelled H800's share
+        "device_busy_batch": batch["busy_s"] / batch["seconds"],
+    }
+
+
+def _row(s: Settings, turns: int, sigma: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (T, σ): the median of each figure over the seeds, the speedup's bootstrap 95% interval."""
+    speedup, low, high = median_ci([r["speedup"] for r in runs])
+    keys = [k for k in runs[0] if k not in ("seed", "speedup")]
+    return {
+        "turns": turns,
+        "sigma": sigma,
+        "speedup": speedup,
+        "ci_low": low,
+        "ci_high": high,
+        "paper_speedup": PAPER_SPEEDUP.get(sigma) if s.mu == 10.0 else None,
+        **{k: statistics.median(r[k] for r in runs) for k in keys},
+        "runs": runs,
+    }
+
+
 async def _measure(s: Settings) -> list[dict[str, Any]]:
     from engine.models.tokenizer import train_tokenizer
     from engine.rollout.chat import ChatFormat
 
     chat = ChatFormat(train_tokenizer(vocab_size=512, seed=0))
-    unit_s = clock_unit_s(s.clock, s.unit_ms)
     rows = []
     for turns in s.turns:
         for sigma in s.sigmas:
-            draws = latency_draws(s, turns, sigma)
-            ideal_traj, ideal_batch = ideal_times(draws)
-            timeout_s = (3 * ideal_batch) * unit_s + 60  # a hung run fails with the scheduler's counts
-            traj = await rollout_step(s, turns, sigma, "trajectory", chat, timeout_s)
-            batch = await rollout_step(s, turns, sigma, "batch", chat, timeout_s)
-            for mode, got in (("trajectory", traj), ("batch", batch)):
-                if got["slept"] != draws:
-                    raise RuntimeError(
-                        f"T={turns}, σ={sigma}: the {mode} run's envs slept other latencies than precomputed"
-                    )
-            rows.append(
-                {
-                    "turns": turns,
-                    "sigma": sigma,
-                    "traj_s": traj["seconds"],
-                    "batch_s": batch["seconds"],
-                    "speedup": batch["seconds"] / traj["seconds"],
-                    "paper_speedup": PAPER_SPEEDUP.get(sigma) if s.mu == 10.0 else None,
-                    "ideal_traj_s": ideal_traj,
-                    "ideal_batch_s": ideal_batch,
-                    "ideal_speedup": ideal_batch / ideal_traj,
-                    "efficiency": ideal_traj / traj["seconds"],
-                    "batch_efficiency": ideal_batch / batch["seconds"],
-                    "device_busy_traj": traj["busy_s"] / traj["seconds"],  # the modelled H800's share
-                    "device_busy_batch": batch["busy_s"] / batch["seconds"],
-                }
-            )
+            runs = [await _one(s, turns, sigma, seed, chat) for seed in s.seeds]
+            rows.append(_row(s, turns, sigma, runs))
     return rows
 
 
@@ -300,7 +324,7 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             "σ": f"{r['sigma']:g}",
             "traj_s": f"{r['traj_s']:.1f}",
             "batch_s": f"{r['batch_s']:.1f}",
-            "speedup": f"{r['speedup']:.3f}",
+            "speedup": ci_text(r["speedup"], r["ci_low"], r["ci_high"], ".3f"),
             "paper": "—" if r["paper_speedup"] is None else f"{r['paper_speedup']:.2f}",
             "ideal×": f"{r['ideal_speedup']:.3f}",
             "eff": f"{r['efficiency']:.3f}",
@@ -321,12 +345,14 @@ def _verdict(rows: list[dict[str, Any]]) -> str:
 
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """batch/trajectory step time at every T for each σ the paper gives (all rows if it gives none), beside
-    the ideal from the draws; one seed on a deterministic clock, so no interval."""
+    the ideal from the draws; the interval is over the seeds' draws."""
     rows = [r for r in payload["rows"] if r["paper_speedup"] is not None] or payload["rows"]
     return [
         headline_row(
             f"step time batch/trajectory, σ={r['sigma']:g}, T={r['turns']}",
             r["speedup"],
+            r["ci_low"],
+            r["ci_high"],
             paper=r["paper_speedup"],
             ideal=r["ideal_speedup"],
         )
@@ -349,6 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = asdict(s) | {
         "sigmas": list(s.sigmas),  # as JSON reads it back
         "turns": list(s.turns),
+        "seeds": list(s.seeds),
         "quick": bool(getattr(args, "quick", False)),
         "group_size": GROUP_SIZE,
         "action_tokens": ACTION_TOKENS,
@@ -358,9 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     payload: dict[str, Any] = {
         "clock": s.clock,
-        # one seed: every number is a deterministic function of the draws on the simulated clock, so a
-        # second seed changes the draws, not the measurement's noise
-        "seeds": [s.seed],
+        "seeds": list(s.seeds),  # each a new set of draws (on the simulated clock the only noise)
         "rows": rows,
         "note": note,
         "config": config,

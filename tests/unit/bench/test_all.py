@@ -154,10 +154,18 @@ Case = tuple[dict, list[tuple]]  # the payload; per headline row (value, ci_low,
 
 def _rollout_granularity() -> Case:
     def row(turns: int, sigma: float, x: float, paper: float | None, ideal: float) -> dict:
-        return {"turns": turns, "sigma": sigma, "speedup": x, "paper_speedup": paper, "ideal_speedup": ideal}
+        ci = {"ci_low": x - 0.01, "ci_high": x + 0.02}
+        return {
+            "turns": turns,
+            "sigma": sigma,
+            "speedup": x,
+            **ci,
+            "paper_speedup": paper,
+            "ideal_speedup": ideal,
+        }
 
     rows = [row(25, 1.0, 1.11, 1.23, 1.12), row(25, 2.0, 1.2, None, 1.21), row(50, 10.0, 2.05, 2.27, 2.1)]
-    return {"rows": rows}, [(1.11, None, None, 1.23, 1.12), (2.05, None, None, 2.27, 2.1)]
+    return {"rows": rows}, [(1.11, 1.10, 1.13, 1.23, 1.12), (2.05, 2.04, 2.07, 2.27, 2.1)]
 
 
 def _proxy_overhead() -> Case:
@@ -377,7 +385,8 @@ def test_headline_takes_its_numbers_from_the_right_fields(name: str) -> None:
 def test_headlines_without_what_they_compare_with() -> None:
     from bench import alpha_sweep, async_modes, rollout_granularity
 
-    no_paper = {"turns": 25, "sigma": 1.0, "speedup": 1.1, "paper_speedup": None, "ideal_speedup": 1.2}
+    no_paper = {"turns": 25, "sigma": 1.0, "speedup": 1.1, "ci_low": 1.0, "ci_high": 1.2}
+    no_paper |= {"paper_speedup": None, "ideal_speedup": 1.2}
     assert [r["value"] for r in rollout_granularity.headline({"rows": [no_paper]})] == [
         1.1
     ]  # μ ≠ 10: every row

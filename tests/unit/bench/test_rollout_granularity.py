@@ -23,9 +23,9 @@ def test_quick_is_the_same_workload_at_fewer_lengths_and_explicit_options_overri
     assert settings(parser.parse_args([])) == FULL
     assert settings(parser.parse_args(["--quick"])) == QUICK
     assert (QUICK.mu, QUICK.sigmas, QUICK.envs, QUICK.clock) == (FULL.mu, FULL.sigmas, FULL.envs, FULL.clock)
-    assert set(QUICK.turns) < set(FULL.turns)
+    assert set(QUICK.turns) < set(FULL.turns) and QUICK.seeds == (0, 1, 2) and len(FULL.seeds) == 5
     s = settings(parser.parse_args(["--quick", "--turns", "7,9", "--sigmas", "0,2.5", "--envs", "16"]))
-    assert s == Settings(sigmas=(0.0, 2.5), envs=16, turns=(7, 9), unit_ms=QUICK.unit_ms)
+    assert s == Settings(sigmas=(0.0, 2.5), envs=16, turns=(7, 9), unit_ms=QUICK.unit_ms, seeds=QUICK.seeds)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_quick_is_the_same_workload_at_fewer_lengths_and_explicit_options_overri
         ["--turns", "0"],
         ["--unit-ms", "0"],
         ["--clock", "sundial"],
-        ["--seed", "-1"],
+        ["--seeds", "-1"],
     ],
 )
 def test_bad_options_are_refused_by_the_parser(argv, capsys):
@@ -50,17 +50,18 @@ def test_bad_options_are_refused_by_the_parser(argv, capsys):
 
 def _args(tmp_path, **kw) -> argparse.Namespace:
     base = dict(
-        quick=False, json=str(tmp_path / "rg.json"), mu=10.0, envs=16, clock=None, unit_ms=None, seed=3
+        quick=False, json=str(tmp_path / "rg.json"), mu=10.0, envs=16, clock=None, unit_ms=None, seeds=(3, 4)
     )
     return argparse.Namespace(**(base | kw))
 
 
-def _ideal_from_the_draws(turns: int, sigma: float) -> tuple[float, float]:
-    """Trajectory and batch step time, computed apart from the bench (env i: seed 3 + i; a reset, T steps)."""
+def _ideal_from_the_draws(turns: int, sigma: float, seed: int) -> tuple[float, float]:
+    """Trajectory and batch step time, computed apart from the bench (env i of a seed: 1e6 seed + i; a
+    reset, T steps)."""
     sums, stages = [], [[] for _ in range(turns + 1)]
     for i in range(16):
-        env = LatencyModel(10.0, sigma, seed=3 + i, stream=0).draws(1)
-        env += LatencyModel(10.0, sigma, seed=3 + i, stream=1).draws(turns)
+        env = LatencyModel(10.0, sigma, seed=1_000_000 * seed + i, stream=0).draws(1)
+        env += LatencyModel(10.0, sigma, seed=1_000_000 * seed + i, stream=1).draws(turns)
         sums.append(sum(env))
         for k, x in enumerate(env):
             stages[k].append(x)
@@ -70,17 +71,23 @@ def _ideal_from_the_draws(turns: int, sigma: float) -> tuple[float, float]:
 def test_on_the_simulated_clock_both_modes_take_their_ideal_time_within_3_percent(tmp_path):
     payload = run(_args(tmp_path, sigmas=(0.0, 5.0), turns=(4, 8)))
 
-    assert payload["clock"] == "virtual" and payload["seeds"] == [3]
+    assert payload["clock"] == "virtual" and payload["seeds"] == [3, 4]
     rows = payload["rows"]
     assert [(r["turns"], r["sigma"]) for r in rows] == [(4, 0.0), (4, 5.0), (8, 0.0), (8, 5.0)]
     assert all(set(r) >= ROW_KEYS for r in rows)
     for r in rows:
-        traj, batch = _ideal_from_the_draws(r["turns"], r["sigma"])
-        assert r["ideal_traj_s"] == pytest.approx(traj, rel=1e-12)
-        assert r["ideal_batch_s"] == pytest.approx(batch, rel=1e-12)
-        # generation (16 tokens of a 7B model on an H800) is what the ideal leaves out: ~1% of a 10 s step
-        assert traj <= r["traj_s"] <= 1.03 * traj and batch <= r["batch_s"] <= 1.03 * batch
-        assert r["speedup"] == r["batch_s"] / r["traj_s"] and r["efficiency"] == traj / r["traj_s"]
+        assert [run["seed"] for run in r["runs"]] == [3, 4]
+        for one in r["runs"]:
+            traj, batch = _ideal_from_the_draws(r["turns"], r["sigma"], one["seed"])
+            assert one["ideal_traj_s"] == pytest.approx(traj, rel=1e-12)
+            assert one["ideal_batch_s"] == pytest.approx(batch, rel=1e-12)
+            # generation (16 tokens of a 7B model on an H800) is what the ideal leaves out: ~1% of a 10 s step
+            assert traj <= one["traj_s"] <= 1.03 * traj and batch <= one["batch_s"] <= 1.03 * batch
+            assert one["speedup"] == one["batch_s"] / one["traj_s"]
+            assert one["efficiency"] == traj / one["traj_s"]
+        speedups = sorted(one["speedup"] for one in r["runs"])
+        assert r["speedup"] == pytest.approx(sum(speedups) / 2)  # the median of two seeds
+        assert r["ci_low"] == speedups[0] and r["ci_high"] == speedups[1]  # bootstrap of two: their range
     flat = rows[0]
     # σ = 0: every reset and step sleeps exactly 10 s, 5 stages, in both ideal schedules
     assert flat["ideal_traj_s"] == pytest.approx(50.0) and flat["ideal_speedup"] == 1.0
