@@ -84,25 +84,12 @@ def env_reward(run: PeerRun) -> Any:
     return reward
 
 
-def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
-    """Train `run.steps` GRPO steps with TRL; per step: wall, rollout (generate + score) and train seconds,
-    completion tokens and mean reward; and the start-up seconds (trainer built, to the first step)."""
-    import os
+def _config(run: PeerRun, out_dir: str) -> Any:
+    """TRL's GRPOConfig of `run`: a step is `prompts` prompts x G completions in one pass, fp32, CPU."""
+    from trl import GRPOConfig
 
-    import torch
-    from datasets import Dataset
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from transformers.utils import logging as hf_logging
-    from trl import GRPOConfig, GRPOTrainer
-
-    hf_logging.set_verbosity_error()
-    threads = torch.get_num_threads()  # the caller's, restored after training
-    torch.set_num_threads(run.threads)
-    t_start = time.perf_counter()
     completions = run.prompts * run.group_size
-    config = GRPOConfig(
+    return GRPOConfig(
         output_dir=out_dir,
         max_steps=run.steps,
         per_device_train_batch_size=completions,  # one step = `prompts` prompts x G completions, one pass
@@ -125,6 +112,26 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
+    """Train `run.steps` GRPO steps with TRL; per step: wall, rollout (generate + score) and train seconds,
+    completion tokens and mean reward; and the start-up seconds (trainer built, to the first step)."""
+    import os
+
+    import torch
+    from datasets import Dataset
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOTrainer
+
+    hf_logging.set_verbosity_error()
+    threads = torch.get_num_threads()  # the caller's, restored after training
+    torch.set_num_threads(run.threads)
+    t_start = time.perf_counter()
+    config = _config(run, out_dir)
     steps: list[dict[str, Any]] = []
 
     class Timer(TrainerCallback):

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.async_runs import LatencyEnvs
 from bench.report import (
@@ -43,6 +43,9 @@ from bench.report import (
     save_figure,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from engine.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -108,14 +111,12 @@ def _task_args() -> dict[str, Any]:
     return spec.env_args
 
 
-def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root: Path) -> dict[str, Any]:
+def _config(s: Settings, model: str, setting: str, mode: str, alpha: int, root: Path) -> ExperimentConfig:
+    """The quickstart's config for one rollart run, matched to TRL's (module doc)."""
     from engine.config import load_config
-    from engine.experiment import Experiment
-    from engine.rollout.service import default_env_factory
 
     prompts, tokens = MODELS[model]
-    t_start = time.perf_counter()
-    cfg = load_config(
+    return load_config(
         QUICKSTART,
         [
             f"name=vs-trl-{model}-{setting}-{mode}",
@@ -137,6 +138,14 @@ def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root:
             f"tasks.0.max_tokens={tokens}",
         ],
     )
+
+
+def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root: Path) -> dict[str, Any]:
+    from engine.experiment import Experiment
+    from engine.rollout.service import default_env_factory
+
+    t_start = time.perf_counter()
+    cfg = _config(s, model, setting, mode, alpha, root)
     waiting = setting == "waiting-env"
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, s.seed * 100_000) if waiting else default_env_factory
