@@ -17,14 +17,11 @@ from bench.alpha_sweep import (
 )
 from bench.async_runs import MEDIAN_KEYS, SEED_STRIDE, RunSettings, round_seeds
 from bench.report import pick_settings
+from tests.unit.bench.cli import bench_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json")
-    add_arguments(p)
-    return p
+    return bench_parser(add_arguments)
 
 
 def runs_of(alpha: int, tokens_per_s: list[float], **fields: list[float] | float) -> list[dict]:

@@ -10,14 +10,11 @@ from bench import faults
 from bench.async_runs import SEED_STRIDE
 from bench.faults import FULL, QUICK, Settings, add_arguments, requirements_met, run_plan, summarize
 from bench.report import pick_settings
+from tests.unit.bench.cli import bench_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json")
-    add_arguments(p)
-    return p
+    return bench_parser(add_arguments)
 
 
 def test_full_runs_five_seeds_quick_three_of_the_same_workload_scaled_down():

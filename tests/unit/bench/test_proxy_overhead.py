@@ -11,14 +11,11 @@ import pytest
 from bench import proxy_overhead
 from bench.proxy_overhead import FULL, PATHS, QUICK, TARGET, add_arguments, summarize, take_turns
 from bench.report import pick_settings
+from tests.unit.bench.cli import bench_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json")
-    add_arguments(p)
-    return p
+    return bench_parser(add_arguments)
 
 
 def test_full_measures_five_times_quick_three_with_the_same_requests():

@@ -17,14 +17,11 @@ from bench.weight_sync import (
     pull_in_push,
     summarize,
 )
+from tests.unit.bench.cli import bench_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json")
-    add_arguments(p)
-    return p
+    return bench_parser(add_arguments)
 
 
 def test_options_override_the_quick_or_full_base():
