@@ -16,7 +16,7 @@ a greedy HF engine in this process (then deleted): scoring costs no run time, ev
 - Settings: `plain` (the env answers at once) and `waiting` (every env reset and step sleeps a seeded
   N(mu, sigma) ms draw: a sandbox or a web call, the time trajectory-level overlap can hide).
 - Layouts: `shared` (both roles on every core; the sync modes give each phase all of them in turn, the
-  others split the threads) and `split` (generation on core 0, training on core 1 in every mode: the
+  others split the threads) and `split` (generation and env loops on core 0, training on core 1: the
   paper's rollout and training pools are different GPUs, what each does meanwhile is what modes differ in).
 """
 
@@ -133,13 +133,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- one run -----------------------------------------------------------------------------------------
 def _layout(layout: str) -> list[str]:
-    """Config overrides of a layout: `split` pins the generation pool to core 0, training to core 1."""
+    """Config overrides of a layout: `split` pins generation and the env loops (the rollout side) to core 0,
+    training to core 1."""
     if layout == "shared":
         return []
     pools = [
         {"name": "compute", "kind": "gpu-compute", "cores": [1]},
         {"name": "bandwidth", "kind": "gpu-bandwidth", "cores": [0]},
-        {"name": "cpu", "kind": "cpu", "capacity": 8},
+        {"name": "cpu", "kind": "cpu", "capacity": 8, "cores": [0]},  # the env loops: the rollout side
     ]
     return [f"resources.pools={json.dumps(pools)}"]
 

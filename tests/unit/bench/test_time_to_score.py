@@ -97,6 +97,7 @@ def test_the_split_layout_gives_generation_and_training_a_core_each_in_a_valid_c
     pools = {p.name: p.cores for p in cfg.resources.pools}
     roles = cfg.resources.roles
     assert pools[roles["actor_gen"].pool] == [0] and pools[roles["actor_train"].pool] == [1]
+    assert pools[roles["environment"].pool] == [0]  # the env loops stay off the training core
     shared = load_config(tts.FULL.config, tts._layout("shared"))
     assert all(p.cores is None for p in shared.resources.pools)
 
