@@ -59,9 +59,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 PAPER = {"vs_h20": (1.30, 1.68), "vs_h800": (1.12, 1.37)}  # R1: mixed-fleet speedup ranges
@@ -317,17 +316,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = run_loop(_measure(s, seeds), s.clock == "virtual")
     rows, cells = _tables(s, seeds, runs)
     note = _note(s, cells)
-    print_table("R1: mixed fleet against equal-cost single-type fleets", [_shown(c) for c in cells], note)
-    payload: dict[str, Any] = {
-        "clock": s.clock,
-        "seeds": seeds,
-        "rows": rows,
-        "cells": cells,
-        "config": asdict(s)
-        | {"quick": bool(getattr(args, "quick", False)), "workloads": [asdict(x) for x in workloads(s)]},
-        "paper": PAPER,
-        "note": note,
-        "png": _plot(s, cells, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "R1: mixed fleet against equal-cost single-type fleets",
+        [_shown(c) for c in cells],
+        clock=s.clock,
+        seeds=seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"workloads": [asdict(x) for x in workloads(s)]},
+        plot=lambda path: _plot(s, cells, path),
+        cells=cells,
+        paper=PAPER,
+    )

@@ -37,9 +37,8 @@ from bench.report import (
     median_ci,
     new_figure,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 PAPER_MAX_GAIN = 1.22  # best α over α = 1, throughput
@@ -191,22 +190,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best = best_alpha(rows)
     bound_held = all(r["staleness_max"] <= r["alpha"] for r in rows)
     note = _note(s, best, bound_held) + load_note(load_before, load_after, os.cpu_count())
-    print_table("α sweep: rollart step time and staleness aborts", _table(rows), note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": round_seeds(s),
-        "rows": rows,
-        "best": best,
-        "bound_held": bound_held,
-        "note": note,
-        "runs": {
+    return publish(
+        args,
+        "α sweep: rollart step time and staleness aborts",
+        _table(rows),
+        clock="wall",
+        seeds=round_seeds(s),
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"alphas": list(alphas), "envs": s.envs},
+        plot=lambda path: _plot(rows, path),
+        best=best,
+        bound_held=bound_held,
+        runs={
             str(a): [{k: v for k, v in r.items() if k != "steps"} for r in rs] for a, rs in results.items()
         },
-        "paper": {"max_gain_vs_alpha1": PAPER_MAX_GAIN},
-        "config": asdict(s)
-        | {"alphas": list(alphas), "envs": s.envs, "quick": bool(getattr(args, "quick", False))},
-        "load_avg": {"before": list(load_before), "after": list(load_after)},
-    }
-    payload["png"] = _plot(rows, getattr(args, "json", None))
-    write_json(getattr(args, "json", None), payload)
-    return payload
+        paper={"max_gain_vs_alpha1": PAPER_MAX_GAIN},
+        load_avg={"before": list(load_before), "after": list(load_after)},
+    )

@@ -58,9 +58,8 @@ from bench.report import (
     median_ci,
     new_figure,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 PAPER_SPEEDUP = (2.65, 4.58)  # RollArt end-to-end throughput over the synchronous baseline
@@ -341,27 +340,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best = ideal(summaries)
     broken = order_violations(results, s.seed)
     note = _note(s, rows, best, broken) + load_note(load_before, load_after, os.cpu_count())
-    print_table("Async modes: step time and throughput", _table(rows, summaries), note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": round_seeds(s),
-        "rows": rows,
-        "note": note,
-        "ideal": best,
-        "order_violations": broken,
-        "breakdown": [{"mode": m, **{k: summaries[m][k] for k in BREAKDOWN}} for m in modes],
-        "runs": {m: [{k: v for k, v in r.items() if k != "steps"} for r in rs] for m, rs in results.items()},
-        "paper": {"speedup_vs_sync": list(PAPER_SPEEDUP)},
-        "config": asdict(s)
-        | {
-            "modes": list(modes),
-            "alpha": alpha,
-            "envs": s.envs,
-            "quick": bool(getattr(args, "quick", False)),
-            "cpus": os.cpu_count(),
-        },
-        "load_avg": {"before": list(load_before), "after": list(load_after)},
-    }
-    payload["png"] = _plot(rows, summaries, best, getattr(args, "json", None))
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "Async modes: step time and throughput",
+        _table(rows, summaries),
+        clock="wall",
+        seeds=round_seeds(s),
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"modes": list(modes), "alpha": alpha, "envs": s.envs, "cpus": os.cpu_count()},
+        plot=lambda path: _plot(rows, summaries, best, path),
+        ideal=best,
+        order_violations=broken,
+        breakdown=[{"mode": m, **{k: summaries[m][k] for k in BREAKDOWN}} for m in modes],
+        runs={m: [{k: v for k, v in r.items() if k != "steps"} for r in rs] for m, rs in results.items()},
+        paper={"speedup_vs_sync": list(PAPER_SPEEDUP)},
+        load_avg={"before": list(load_before), "after": list(load_after)},
+    )

@@ -52,9 +52,8 @@ from bench.report import (
     median_ci,
     new_figure,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 MODEL, DEVICE = "qwen2.5-7b", "H20"
@@ -379,20 +378,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "per run. Required: "
         f"steps_done == steps_asked, lost == 0, partial == 0 in every run: {'MET' if ok else 'NOT MET'}."
     )
-    print_table("Faults: steps done, lost and partial groups under env failures", _table(rows), note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": s.seeds,
-        "rows": rows,
-        "note": note,
-        "requirements_met": ok,
-        "runs": results,
-        "config": asdict(s) | {"redundancies": list(s.redundancies), "rates": list(s.rates),
-                               "quick": bool(getattr(args, "quick", False)), "model": MODEL, "device": DEVICE,
-                               "kill_after_requests": KILL_AFTER, "cpus": os.cpu_count()},
-        "png": _plot(rows, getattr(args, "json", None)),
-    }  # fmt: skip
-    write_json(getattr(args, "json", None), payload)
+    payload = publish(
+        args,
+        "Faults: steps done, lost and partial groups under env failures",
+        _table(rows),
+        clock="wall",
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"redundancies": list(s.redundancies), "rates": list(s.rates), "model": MODEL,
+                            "device": DEVICE, "kill_after_requests": KILL_AFTER, "cpus": os.cpu_count()},
+        plot=lambda path: _plot(rows, path),
+        requirements_met=ok,
+        runs=results,
+    )  # fmt: skip
     if not ok:
         raise SystemExit("faults benchmark: a requirement was not met (see the table)")
     return payload

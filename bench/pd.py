@@ -74,9 +74,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 PAPER = {"dense": (1.03, 1.05), "moe": (1.11, 1.21)}  # speedup of PD over colocated
@@ -253,15 +252,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     s = pick_settings(args, FULL, QUICK)
     rows = run_loop(_measure(s), s.clock == "virtual")
     note = _note(rows, s)
-    print_table("PD disaggregation: rollout step time and speedup over colocated", rows, note)
-    payload: dict[str, Any] = {
-        "clock": s.clock,
-        "seeds": list(s.seeds),
-        "rows": rows,
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "models": MODELS},
-        "paper": PAPER,
-        "note": note,
-        "png": _plot(rows, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "PD disaggregation: rollout step time and speedup over colocated",
+        rows,
+        clock=s.clock,
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"models": MODELS},
+        plot=lambda path: _plot(rows, path),
+        paper=PAPER,
+    )

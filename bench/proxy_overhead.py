@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.async_runs import run_order
-from bench.report import at_least, ci_text, headline_row, median_ci, pick_settings, print_table, write_json
+from bench.report import at_least, ci_text, headline_row, median_ci, pick_settings, publish
 
 TARGET = 0.9  # proxy/direct throughput the LLMProxy path must keep
 PATHS = ("direct engine", "LLMProxy + worker actor")
@@ -210,15 +210,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         for r in rows
     ]
-    print_table("generation through the LLMProxy vs straight to the engine", table, note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": [s.seed],
-        "rows": rows,
+    return publish(
+        args,
+        "generation through the LLMProxy vs straight to the engine",
+        table,
+        clock="wall",
+        seeds=[s.seed],
+        rows=rows,
+        note=note,
+        config=asdict(s),
         **ratio,
-        "note": note,
-        "all": {"direct": direct, "proxy": proxy},
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False))},
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+        all={"direct": direct, "proxy": proxy},
+    )

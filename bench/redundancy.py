@@ -52,9 +52,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 from engine.types import TrajStatus
 
@@ -276,15 +275,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--redundancy needs an r > 0 to compare with r = 0")
     rows = run_loop(_measure(s), s.clock == "virtual")
     note = _note(rows, s)
-    print_table("Redundant env rollouts: step time and speedup over r = 0, equal engines", rows, note)
-    payload: dict[str, Any] = {
-        "clock": s.clock,
-        "seeds": list(s.seeds),
-        "rows": rows,
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "model": MODEL},
-        "paper": {"max_speedup": PAPER_MAX_SPEEDUP},
-        "note": note,
-        "png": _plot(rows, s, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "Redundant env rollouts: step time and speedup over r = 0, equal engines",
+        rows,
+        clock=s.clock,
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"model": MODEL},
+        plot=lambda path: _plot(rows, s, path),
+        paper={"max_speedup": PAPER_MAX_SPEEDUP},
+    )

@@ -7,7 +7,7 @@ import json
 import random
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,6 +42,39 @@ def write_json(path: str | None, payload: dict[str, Any]) -> Path | None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2))
     return p
+
+
+def publish(
+    args: Any,
+    title: str,
+    table: Sequence[dict[str, Any]],
+    *,
+    clock: str,
+    seeds: Sequence[int],
+    rows: list[dict[str, Any]],
+    note: str,
+    config: dict[str, Any],
+    plot: Callable[[str | None], str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Every benchmark's ending: `table` printed under `title` with `note`, then the JSON payload written
+    where `--json` says and returned. The payload's common keys come first (the clock, the seeds, the rows,
+    the note and the config with `quick` added), then `extra`, then `png`: the path `plot(json_path)` saved
+    its figure at."""
+    print_table(title, table, note)
+    json_path = getattr(args, "json", None)
+    payload = {
+        "clock": clock,
+        "seeds": list(seeds),
+        "rows": rows,
+        "note": note,
+        "config": {**config, "quick": bool(getattr(args, "quick", False))},
+        **extra,
+    }
+    if plot is not None:
+        payload["png"] = plot(json_path)
+    write_json(json_path, payload)
+    return payload
 
 
 def png_path(json_path: str | None, default: str) -> Path:

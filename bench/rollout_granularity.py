@@ -49,9 +49,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 from engine.envs.base import Env, EnvStep
 
@@ -371,29 +370,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "Paper (R2, μ=10, T not stated): 1.23x at σ=1, 2.27x at σ=10. "
         f"Ours: {_verdict(rows) or 'no paper point'}."
     )
-    print_table("R2: rollout step time, trajectory vs batch granularity", _table(rows), note)
     config = asdict(s) | {
         "sigmas": list(s.sigmas),  # as JSON reads it back
         "turns": list(s.turns),
         "seeds": list(s.seeds),
-        "quick": bool(getattr(args, "quick", False)),
         "group_size": GROUP_SIZE,
         "action_tokens": ACTION_TOKENS,
         "model": MODEL,
         "device": DEVICE,
         "cpus": os.cpu_count(),
     }
-    payload: dict[str, Any] = {
-        "clock": s.clock,
-        "seeds": list(s.seeds),  # each a new set of draws (on the simulated clock the only noise)
-        "rows": rows,
-        "note": note,
-        "config": config,
-        "paper": {str(k): v for k, v in PAPER_SPEEDUP.items()},
-        "draws_checked": True,  # `_measure` raises if any env slept other latencies than precomputed
-        "png": _plot(rows, s, getattr(args, "json", None)),
-    }
-    if s.clock == "wall":
-        payload["load_1m"] = os.getloadavg()[0]  # other processes share the CPUs on the wall clock
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    # on the wall clock other processes share the CPUs: the load is part of the result
+    load = {"load_1m": os.getloadavg()[0]} if s.clock == "wall" else {}
+    return publish(
+        args,
+        "R2: rollout step time, trajectory vs batch granularity",
+        _table(rows),
+        clock=s.clock,
+        seeds=s.seeds,  # each a new set of draws (on the simulated clock the only noise)
+        rows=rows,
+        note=note,
+        config=config,
+        plot=lambda path: _plot(rows, s, path),
+        paper={str(k): v for k, v in PAPER_SPEEDUP.items()},
+        draws_checked=True,  # `_measure` raises if any env slept other latencies than precomputed
+        **load,
+    )

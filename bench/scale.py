@@ -49,9 +49,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 MODEL, PER_ENGINE, GROUP = "qwen2.5-7b", 256, 8
@@ -211,15 +210,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     s = pick_settings(args, FULL, QUICK)
     rows = asyncio.run(_measure(s))
     note = _note(rows, s)
-    print_table("Control-plane overhead vs concurrency (one LLMProxy)", rows, note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": list(s.seeds),
-        "rows": rows,
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "cpus": os.cpu_count()},
-        "paper": None,
-        "note": note,
-        "png": _plot(rows, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "Control-plane overhead vs concurrency (one LLMProxy)",
+        rows,
+        clock="wall",
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"cpus": os.cpu_count()},
+        plot=lambda path: _plot(rows, path),
+        paper=None,
+    )

@@ -67,9 +67,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 if TYPE_CHECKING:
@@ -384,15 +383,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("need at least one --idle-s and one --seeds")
     rows = run_loop(_all(s, clock_unit_s(s.clock, s.unit_ms)), s.clock == "virtual")
     note = _note(rows, s)
-    print_table("R3: reward on reserved GPUs vs serverless, cost in GPU-seconds per step", rows, note)
-    payload: dict[str, Any] = {
-        "clock": s.clock,
-        "seeds": list(s.seeds),
-        "rows": rows,
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "judge_model": JUDGE_MODEL},
-        "paper": PAPER,
-        "note": note,
-        "png": _plot(rows, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "R3: reward on reserved GPUs vs serverless, cost in GPU-seconds per step",
+        rows,
+        clock=s.clock,
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"judge_model": JUDGE_MODEL},
+        plot=lambda path: _plot(rows, path),
+        paper=PAPER,
+    )

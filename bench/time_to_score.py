@@ -45,9 +45,8 @@ from bench.report import (
     numbers,
     or_dash,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 if TYPE_CHECKING:
@@ -383,16 +382,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode's, same setting and layout (paper: 2.05× at α = 1).\n"
     )
     table = _table(summary)
-    print_table("Time to a held-out score", table, note)
-    payload = {
-        "clock": "wall",  # real training runs
-        "seeds": list(s.seeds),
-        "rows": rows,
-        "summary": summary,
-        "note": note,
-        "curves": runs,
-        "config": {**asdict(s), "before": before},
-        "png": _plot(runs, target, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "Time to a held-out score",
+        table,
+        clock="wall",  # real training runs
+        seeds=s.seeds,
+        rows=rows,
+        note=note,
+        config={**asdict(s), "before": before},
+        plot=lambda path: _plot(runs, target, path),
+        summary=summary,
+        curves=runs,
+    )

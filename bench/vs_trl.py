@@ -39,9 +39,8 @@ from bench.report import (
     names_of,
     new_figure,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 if TYPE_CHECKING:
@@ -298,15 +297,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "Generated tokens/s over TRL's: "
         + ", ".join(f"{v['model']} {v['setting']} {v['mode']} {v['vs_trl']:.2f}x" for v in vs)
     )
-    print_table("rollart vs TRL GRPOTrainer", table, note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": [s.seed],
-        "rows": rows,
-        "vs_trl": vs,
-        "note": note,
-        "config": asdict(s) | {"quick": bool(getattr(args, "quick", False)), "models_shape": MODELS},
-        "png": _plot(rows, getattr(args, "json", None)),
-    }
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "rollart vs TRL GRPOTrainer",
+        table,
+        clock="wall",
+        seeds=[s.seed],
+        rows=rows,
+        note=note,
+        config=asdict(s) | {"models_shape": MODELS},
+        plot=lambda path: _plot(rows, path),
+        vs_trl=vs,
+    )

@@ -53,9 +53,8 @@ from bench.report import (
     new_figure,
     numbers,
     pick_settings,
-    print_table,
+    publish,
     save_figure,
-    write_json,
 )
 
 MiB = 1 << 20
@@ -379,21 +378,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_after = os.getloadavg()
     rows = [{k: v for k, v in r.items() if k != "steps"} for r in measured]
     note = _note(s, window, rows) + "\n" + load_note(load_before, load_after, os.cpu_count())
-    print_table("Weight sync: push, pull, exposed pull per step", _table(rows), note)
-    payload: dict[str, Any] = {
-        "clock": "wall",
-        "seeds": [s.seed],
-        "repeats": s.steps,
-        "interval": "percentile bootstrap over the steps of a row (one run per row)",
-        "rows": rows,
-        "note": note,
-        "window": window,
-        "steps": [r["steps"] for r in measured],
-        "paper": {"hidden_fraction": list(PAPER_HIDDEN), "target": TARGET_HIDDEN},
-        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items()}
-        | {"quick": bool(getattr(args, "quick", False)), "cpus": os.cpu_count()},
-        "load_avg": {"before": list(load_before), "after": list(load_after)},
-    }
-    payload["png"] = _plot(rows, getattr(args, "json", None))
-    write_json(getattr(args, "json", None), payload)
-    return payload
+    return publish(
+        args,
+        "Weight sync: push, pull, exposed pull per step",
+        _table(rows),
+        clock="wall",
+        seeds=[s.seed],
+        rows=rows,
+        note=note,
+        config={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items()}
+        | {"cpus": os.cpu_count()},
+        plot=lambda path: _plot(rows, path),
+        repeats=s.steps,
+        interval="percentile bootstrap over the steps of a row (one run per row)",
+        window=window,
+        steps=[r["steps"] for r in measured],
+        paper={"hidden_fraction": list(PAPER_HIDDEN), "target": TARGET_HIDDEN},
+        load_avg={"before": list(load_before), "after": list(load_after)},
+    )
