@@ -33,10 +33,12 @@ from bench.report import at_least
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
+    from engine.rollout.buffer import SampleBuffer
     from engine.rollout.chat import ChatFormat
     from engine.rollout.proxy import GenSlot
     from engine.rollout.reward import RewardFn
-    from engine.types import GenRequest, Trajectory
+    from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+    from engine.types import GenRequest, Group, Trajectory
 
 FILLER = "the agent reads the file and the test output "  # observation padding, ~1 token a word
 
@@ -212,13 +214,43 @@ async def rollout_step(
 
     `timeout_s` (loop-clock seconds) turns a hung step into an error carrying the scheduler's counts.
     """
-    from engine.envs.latency import LatencyEnv
     from engine.rollout.buffer import SampleBuffer
-    from engine.rollout.env_manager import TurnLimits
     from engine.rollout.proxy import LLMProxy
     from engine.rollout.reward import RewardScorer
-    from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+    from engine.rollout.scheduler import RolloutScheduler
     from engine.rollout.staleness import StalenessPolicy
+
+    factory = _workload_envs(workloads, groups, redundancy, seed, unit_s)
+    tasks = _task_specs(workloads)
+    proxy = LLMProxy(list(slots))
+    members = groups * (max(w.group_size for w in workloads) + redundancy)
+    buffer = SampleBuffer(alpha=0)
+    scheduler = RolloutScheduler(
+        tasks, chat_format(), proxy, buffer, reward or RewardScorer(), factory, StalenessPolicy("areal", 0),
+        concurrency=members, redundancy=redundancy, batch_groups=groups, seed=seed,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    simulated = isinstance(loop, VirtualClockLoop)  # pauses cost no simulated time: leave the gc alone
+    with contextlib.nullcontext() if simulated else steady_gc():
+        _, elapsed = await run_to_batch(scheduler, buffer, groups, timeout_s, "rollout step")
+    timings = proxy.stats.timings
+    mean_gen = sum(t.get("modelled_s", 0.0) for t in timings) / max(len(timings), 1)
+    return StepResult(
+        elapsed / unit_s,
+        elapsed,
+        scheduler.drain_finished(),
+        dict(scheduler.counts),
+        proxy.summary(),
+        mean_gen,
+    )
+
+
+def _workload_envs(
+    workloads: Sequence[Workload], groups: int, redundancy: int, seed: int, unit_s: float
+) -> Callable[[TaskSpec], Env]:
+    """The scheduler's env factory: a `WorkloadEnv` in a `LatencyEnv`, its straggling and latencies drawn
+    from the env's name (`_MemberNames`) under `seed`."""
+    from engine.envs.latency import LatencyEnv
 
     by_name = {w.name: w for w in workloads}
     names = _MemberNames(groups, redundancy)
@@ -232,7 +264,15 @@ async def rollout_step(
             WorkloadEnv(w, filler(w.obs_tokens), key), latency, latency, seed=key, time_scale=unit_s
         )
 
-    tasks = [
+    return factory
+
+
+def _task_specs(workloads: Sequence[Workload]) -> list[TaskSpec]:
+    """One scheduler task per workload, with room for its longest episode and action."""
+    from engine.rollout.env_manager import TurnLimits
+    from engine.rollout.scheduler import TaskSpec
+
+    return [
         TaskSpec(
             w.name, "workload", {}, w.weight, w.group_size,
             TurnLimits(w.turns[1], w.action_tokens[1], 1 << 24, env_timeout_s=1e6),
@@ -240,38 +280,26 @@ async def rollout_step(
         )
         for w in workloads
     ]  # fmt: skip
-    proxy = LLMProxy(list(slots))
-    members = groups * (max(w.group_size for w in workloads) + redundancy)
-    buffer = SampleBuffer(alpha=0)
-    scheduler = RolloutScheduler(
-        tasks, chat_format(), proxy, buffer, reward or RewardScorer(), factory, StalenessPolicy("areal", 0),
-        concurrency=members, redundancy=redundancy, batch_groups=groups, seed=seed,
-    )  # fmt: skip
+
+
+async def run_to_batch(
+    scheduler: RolloutScheduler, buffer: SampleBuffer, groups: int, timeout_s: float, what: str
+) -> tuple[list[Group], float]:
+    """Run `scheduler` until `groups` groups are complete in `buffer`: those groups, and the loop-clock
+    seconds that took. The scheduler is stopped and awaited either way; past `timeout_s` (loop-clock
+    seconds) a RuntimeError names `what` and carries the scheduler's counts."""
     loop = asyncio.get_running_loop()
-    simulated = isinstance(loop, VirtualClockLoop)  # pauses cost no simulated time: leave the gc alone
-    with contextlib.nullcontext() if simulated else steady_gc():
-        t0 = loop.time()
-        runner = asyncio.ensure_future(scheduler.run())
-        try:
-            await buffer.get_batch(groups, current_version=0, timeout_s=timeout_s)
-            elapsed = loop.time() - t0
-        except TimeoutError:
-            raise RuntimeError(
-                f"rollout step unfinished after {timeout_s:.0f} s: {dict(scheduler.counts)}"
-            ) from None
-        finally:
-            scheduler.stop()
-            await runner
-    timings = proxy.stats.timings
-    mean_gen = sum(t.get("modelled_s", 0.0) for t in timings) / max(len(timings), 1)
-    return StepResult(
-        elapsed / unit_s,
-        elapsed,
-        scheduler.drain_finished(),
-        dict(scheduler.counts),
-        proxy.summary(),
-        mean_gen,
-    )
+    t0 = loop.time()
+    runner = asyncio.ensure_future(scheduler.run())
+    try:
+        batch = await buffer.get_batch(groups, current_version=0, timeout_s=timeout_s)
+        elapsed = loop.time() - t0
+    except TimeoutError:
+        raise RuntimeError(f"{what} unfinished after {timeout_s:.0f} s: {dict(scheduler.counts)}") from None
+    finally:
+        scheduler.stop()
+        await runner
+    return batch, elapsed
 
 
 # The pool kind each device profile serves as (paper §4): the compute-optimised one takes prefill-heavy work.

@@ -32,15 +32,14 @@ new set of draws: a row gives the medians over them and the speedup's bootstrap 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from bench.clock import run as run_loop
-from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, steady_gc
+from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, run_to_batch, steady_gc
 from bench.report import (
     at_least,
     ci_text,
@@ -57,6 +56,7 @@ from engine.envs.base import Env, EnvStep
 if TYPE_CHECKING:
     from engine.envs.latency import LatencyEnv
     from engine.rollout.chat import ChatFormat
+    from engine.rollout.scheduler import TaskSpec
 
 PAPER_SPEEDUP = {1.0: 1.23, 10.0: 2.27}  # R2, μ = 10 (the points the paper states)
 GROUP_SIZE = 8
@@ -175,8 +175,6 @@ async def rollout_step(
     """
     from engine.backends.modelled import ModelledBackend
     from engine.devices import get_device, get_model
-    from engine.envs.latency import LatencyEnv
-    from engine.envs.registry import make_env
     from engine.rollout.buffer import SampleBuffer
     from engine.rollout.env_manager import TurnLimits
     from engine.rollout.proxy import GenSlot, LLMProxy
@@ -187,15 +185,7 @@ async def rollout_step(
 
     unit_s = clock_unit_s(s.clock, s.unit_ms)
     envs: list[_Recorded] = []
-
-    def factory(task: TaskSpec) -> Env:
-        latency = (s.mu, sigma)
-        inner = make_env(task.env, **task.env_args)
-        envs.append(
-            _Recorded(LatencyEnv(inner, latency, latency, seed=env_seed(seed, len(envs)), time_scale=unit_s))
-        )
-        return envs[-1]
-
+    factory = _recorded_envs(envs, s.mu, sigma, seed, unit_s)
     backend = ModelledBackend(
         get_model(MODEL),
         get_device(DEVICE),
@@ -216,19 +206,11 @@ async def rollout_step(
         [task], chat, proxy, buffer, RewardScorer(), factory, StalenessPolicy("areal", 0),
         concurrency=s.envs, batch_groups=groups, seed=seed, granularity=granularity,
     )  # fmt: skip
-    loop = asyncio.get_running_loop()
+    what = f"{granularity} rollout (T={turns}, σ={sigma})"
     with steady_gc():
-        t0 = loop.time()
-        runner = asyncio.ensure_future(scheduler.run())
         try:
-            batch = await buffer.get_batch(groups, current_version=0, timeout_s=timeout_s)
-            elapsed = loop.time() - t0
-        except TimeoutError:
-            raise RuntimeError(f"{granularity} rollout (T={turns}, σ={sigma}) unfinished after "
-                               f"{timeout_s:.0f} s: {dict(scheduler.counts)}") from None  # fmt: skip
+            batch, elapsed = await run_to_batch(scheduler, buffer, groups, timeout_s, what)
         finally:
-            scheduler.stop()
-            await runner
             await backend.close()
     members = [m for g in batch for m in g.members]
     if any(m.status != TrajStatus.DONE or len(m.turns) != turns or m.reward != 1.0 for m in members):
@@ -238,6 +220,25 @@ async def rollout_step(
         "slept": [e.slept for e in envs[: s.envs]],
         "busy_s": backend.stats()["busy_s"],  # modelled seconds the device worked
     }
+
+
+def _recorded_envs(
+    envs: list[_Recorded], mu: float, sigma: float, seed: int, unit_s: float
+) -> Callable[[TaskSpec], Env]:
+    """The scheduler's env factory: the task's env in a `LatencyEnv` (env i seeded `env_seed(seed, i)`),
+    recorded; it appends each env it builds to `envs`."""
+    from engine.envs.latency import LatencyEnv
+    from engine.envs.registry import make_env
+
+    def factory(task: TaskSpec) -> Env:
+        latency = (mu, sigma)
+        inner = make_env(task.env, **task.env_args)
+        envs.append(
+            _Recorded(LatencyEnv(inner, latency, latency, seed=env_seed(seed, len(envs)), time_scale=unit_s))
+        )
+        return envs[-1]
+
+    return factory
 
 
 async def _one(s: Settings, turns: int, sigma: float, seed: int, chat: ChatFormat) -> dict[str, Any]:

@@ -193,17 +193,30 @@ class Experiment:
 
     def start_actors(self, env_factory: Callable[[TaskSpec], Env] = default_env_factory) -> dict[str, Any]:
         """`env_factory` builds each trajectory's env (picklable: it travels to the rollout actor)."""
-        cfg, roles = self.cfg, self.cfg.resources.roles
         common = {"store": self.store_spec, "run_id": self.run_id}
-        faults = cfg.faults
-        tp, pp = cfg.backends.tensor_parallel, cfg.backends.pipeline_parallel
         self.deploy_reward()
         score = self._score()
-        self.clusters["train"] = Cluster(
+        self.clusters["train"] = self._train_cluster(common)
+        self.clusters["gen"] = self._gen_cluster(common)
+        self.proxy = self._start_proxy()
+        self.clusters["rollout"] = self._rollout_cluster(env_factory, score)
+        for c in self.clusters.values():  # all roles were requested at once: their imports overlap
+            c.ready()
+        return {
+            "train": self.cfg.backends.tensor_parallel * self.cfg.backends.pipeline_parallel,
+            "gen": len(self.clusters["gen"].workers),
+            "rollout": self.cfg.resources.roles["environment"].pool,
+            "namespace": self.namespace,
+        }
+
+    def _train_cluster(self, common: dict[str, Any]) -> Cluster:
+        """The one trainer, requested (not awaited): as many ranks as its tensor × pipeline parallelism."""
+        cfg, tp, pp = self.cfg, self.cfg.backends.tensor_parallel, self.cfg.backends.pipeline_parallel
+        return Cluster(
             "train",
-            FaultyTrainWorker if faults.trainer_faults else TrainWorker,
+            FaultyTrainWorker if cfg.faults.trainer_faults else TrainWorker,
             self.rm,
-            roles["actor_train"].model_copy(update={"count": tp * pp}),  # one trainer: its ranks
+            cfg.resources.roles["actor_train"].model_copy(update={"count": tp * pp}),
             worker_config={
                 "model_dir": self.model_dir,
                 "trainer": trainer_args(cfg),
@@ -213,12 +226,16 @@ class Experiment:
                 "tensor_parallel": tp,
                 "pipeline_parallel": pp,
                 "rendezvous": _rendezvous() if tp * pp > 1 else None,
-                "faults": faults.model_dump(),
+                "faults": cfg.faults.model_dump(),
                 **common,
             },
             namespace=self.namespace,
             wait=False,
         )
+
+    def _gen_cluster(self, common: dict[str, Any]) -> Cluster:
+        """The generation workers, requested (not awaited), each on the configured generation backend."""
+        cfg = self.cfg
         backend: dict[str, Any] = {"kind": cfg.backends.generation, "model_dir": self.model_dir}
         if cfg.backends.generation in ("hf", "vllm"):
             backend["dtype"] = cfg.model.dtype
@@ -226,15 +243,15 @@ class Experiment:
             backend.update(
                 max_model_len=cfg.model.max_context, max_batch=cfg.rollout.concurrency, seed=cfg.train.seed
             )
-        self.clusters["gen"] = Cluster(
+        return Cluster(
             "gen",
             GenerationWorker,
             self.rm,
-            roles["actor_gen"],
+            cfg.resources.roles["actor_gen"],
             worker_config={
                 "backend": backend,
                 "threads": self._threads("actor_gen"),
-                "kill_after_requests": faults.gen_kill_after_requests,
+                "kill_after_requests": cfg.faults.gen_kill_after_requests,
                 **common,
             },
             max_concurrency=1024,
@@ -242,42 +259,38 @@ class Experiment:
             max_restarts=GEN_MAX_RESTARTS,
             wait=False,
         )
-        # generation is routed as `GenerationWorker.generate` declares (`@hw_mapping`): by the request's
-        # workload profile to the pool of the matching kind, by the LLMProxy (sticky per trajectory)
-        tag = self.clusters["gen"].hw_tag("generate")
+
+    def _start_proxy(self) -> Any:
+        """The LLMProxy, beside the driver (a lost node takes only its pools' workers with it). It routes
+        generation by workload profile to a pool of the matching kind, as `GenerationWorker.generate`
+        declares (`@hw_mapping`), sticky per trajectory."""
+        gen, capacity = self.clusters["gen"], self.cfg.rollout.concurrency
+        tag = gen.hw_tag("generate")
         slots = [
-            GenSlot(w.binding.worker, w.kind, w.actor, capacity=cfg.rollout.concurrency, pool=w.binding.pool)
-            for w in self.clusters["gen"].workers
+            GenSlot(w.binding.worker, w.kind, w.actor, capacity=capacity, pool=w.binding.pool)
+            for w in gen.workers
         ]
-        # the LLMProxy lives beside the driver: on a cluster, a lost worker node takes only the workers of
-        # its pools with it
+        node = ray.get_runtime_context().get_node_id()
         control = {
             "namespace": self.namespace,
             "max_concurrency": 100_000,
             "num_cpus": 0,
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=False
-            ),
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
         }
-        self.proxy = ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots, tag_name=tag)
-        self.clusters["rollout"] = Cluster(
+        return ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots, tag_name=tag)
+
+    def _rollout_cluster(self, env_factory: Callable[[TaskSpec], Env], score: ScoreFn) -> Cluster:
+        """The environment role's actor (env loops, scheduler, sample buffer), requested (not awaited)."""
+        return Cluster(
             "rollout",
             RolloutWorker,
             self.rm,
-            roles["environment"],
-            worker_config=rollout_args(cfg, self.model_dir, self.proxy, env_factory, score),
+            self.cfg.resources.roles["environment"],
+            worker_config=rollout_args(self.cfg, self.model_dir, self.proxy, env_factory, score),
             max_concurrency=100_000,
             namespace=self.namespace,
             wait=False,
         )
-        for c in self.clusters.values():  # all roles were requested at once: their imports overlap
-            c.ready()
-        return {
-            "train": tp * pp,
-            "gen": len(slots),
-            "rollout": roles["environment"].pool,
-            "namespace": self.namespace,
-        }
 
     def _score(self) -> ScoreFn:
         if not self.judges:

@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeAlias
 
 from engine.config import ConfigError, load_config
 
@@ -139,10 +140,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rollart", description="Asynchronous agentic RL training (RollArt).")
-    sub = p.add_subparsers(dest="command", required=True)
+# what `add_subparsers` returns: `add_parser` adds one sub-command
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
+
+def _add_config(sub: _Commands) -> None:
     cfg = sub.add_parser("config", help="inspect experiment configs").add_subparsers(
         dest="action", required=True
     )
@@ -153,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(func=_config_show)
 
+
+def _add_train(sub: _Commands) -> None:
     tr = sub.add_parser("train", help="train: one Prefect flow run (one sub-flow per iteration)")
     tr.add_argument("file")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
@@ -161,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=_train)
 
+
+def _add_eval(sub: _Commands) -> None:
     ev = sub.add_parser("eval", help="score a checkpoint on the held-out problems, beside the baseline")
     ev.add_argument("file")
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
@@ -169,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=_eval)
 
+
+def _add_deploy(sub: _Commands) -> None:
     dep = sub.add_parser("deploy", help="serve a scheduled deployment: each run resumes and trains further")
     dep.add_argument("file")
     dep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -193,6 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     dep.set_defaults(func=_deploy)
 
+
+def _add_node(sub: _Commands) -> None:
     node = sub.add_parser("node", help="this machine in a multi-node Ray cluster").add_subparsers(
         dest="action", required=True
     )
@@ -205,6 +215,8 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("ray_args", nargs=argparse.REMAINDER, help="after --: more `ray start` options")
     start.set_defaults(func=_node_start)
 
+
+def _add_k8s(sub: _Commands) -> None:
     k8s = sub.add_parser("k8s", help="run on Kubernetes").add_subparsers(dest="action", required=True)
     ren = k8s.add_parser(
         "render", help="write a run's manifests (RayCluster, Secret, ConfigMap, NetworkPolicy)"
@@ -223,6 +235,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ren.set_defaults(func=_k8s_render)
 
+
+def _add_ui(sub: _Commands) -> None:
     ui = sub.add_parser("ui", help="start a Prefect server (UI), on 127.0.0.1 unless --host")
     ui.add_argument("--port", type=int, default=4200)
     ui.add_argument(
@@ -230,6 +244,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ui.set_defaults(func=_ui)
 
+
+def _add_model(sub: _Commands) -> None:
     model = sub.add_parser("model", help="local models").add_subparsers(dest="action", required=True)
     init = model.add_parser("init", help="build a tiny Qwen2-style model and tokenizer locally")
     init.add_argument("--size", choices=["tiny", "small"], default="tiny")
@@ -245,6 +261,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     imp.set_defaults(func=_model_import)
 
+
+def _add_bench(sub: _Commands) -> None:
     from bench import BENCHMARKS
 
     bench = sub.add_parser("bench", help="reproduce the paper's experiments").add_subparsers(
@@ -256,6 +274,23 @@ def _parser() -> argparse.ArgumentParser:
         b.add_argument("--json", metavar="PATH", help="write the rows as JSON here (and a PNG beside it)")
         importlib.import_module(module).add_arguments(b)
         b.set_defaults(func=_bench)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollart", description="Asynchronous agentic RL training (RollArt).")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_config,
+        _add_train,
+        _add_eval,
+        _add_deploy,
+        _add_node,
+        _add_k8s,
+        _add_ui,
+        _add_model,
+        _add_bench,
+    ):
+        add(sub)
     return p
 
 

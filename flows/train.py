@@ -85,27 +85,8 @@ async def train(
         )
     t_start = time.perf_counter()
     try:
-        say(
-            f"[bold]rollart[/] {cfg.name}: mode {cfg.train.mode}, alpha {cfg.train.alpha}, "
-            f"{cfg.train.steps} steps → {exp.run_dir}"
-        )
-        pools = provision_pools(exp)
-        if pools["worker_logs"]:
-            say(f"worker logs: {pools['worker_logs']}")
-        say(f"sandboxes: {await warmup_sandboxes(exp)}")
-        if not cfg.model.path and cfg.model.pretrain_steps:
-            say(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
-        say(f"model: {prepare_model(exp)}")
-        say(f"reward: {deploy_reward(exp)['scoring']}")
-        start_actors(exp)
-        restored = restore_checkpoint(exp, resume)
+        restored = await _set_up(exp, resume)
         first = restored["step"]
-        if first:
-            say(
-                f"resumed from step {first}: weights {restored['weights_sha256'][:12]}, optimiser "
-                f"{restored['optimizer_sha256'][:12]} as saved; {restored['steps_discarded']} later step "
-                "row(s) discarded (redone)"
-            )
         last = first + more_steps if more_steps else cfg.train.steps
         proto = exp.protocol()
         await proto.start()
@@ -113,27 +94,7 @@ async def train(
         base = await baselines(exp)
         if first == 0:
             await _eval(exp, proto, sink, 0)
-        live = LiveRun(exp, proto, sink)
-        progress = await start_progress(exp.run_id, first, last)
-        for step in range(first, last):
-            try:
-                m = await live.iteration(cfg.name, step + 1, last)
-            except Exception as e:
-                ck = exp.store.latest_checkpoint(exp.run_id)
-                raise TrainingStopped(
-                    f"step {step + 1} failed after {cfg.train.step_retries} retries: {type(e).__name__}: "
-                    f"{str(e)[:300]}\nthe last checkpoint (step {ck['step'] if ck else 'none'}) is kept; "
-                    f"continue with: rollart train CONFIG --resume"
-                ) from e
-            say(
-                f"step {step + 1:>4}/{last}  reward {m['reward_mean']:+.3f}  "
-                f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
-                f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
-            )
-            await update_progress(progress, step + 1, last)
-            every = cfg.train.eval_every
-            if every and (step + 1) % every == 0 and step + 1 < last:
-                await _eval(exp, proto, sink, step + 1)
+        await _iterate(LiveRun(exp, proto, sink), first, last)
         after = await _eval(exp, proto, sink, last)
         summary = _summary(exp, first, last, base, after, time.perf_counter() - t_start, restored)
         sink.close()
@@ -146,6 +107,60 @@ async def train(
             exp.teardown()
         finally:
             exp.release_ray()
+
+
+async def _set_up(exp: Experiment, resume: bool) -> dict[str, Any]:
+    """Everything before the first step, in order (pools, sandboxes, model, reward, actors), then the
+    checkpoint restored when resuming: what `restore_checkpoint` reports (step 0 on a fresh run)."""
+    cfg = exp.cfg
+    say(
+        f"[bold]rollart[/] {cfg.name}: mode {cfg.train.mode}, alpha {cfg.train.alpha}, "
+        f"{cfg.train.steps} steps → {exp.run_dir}"
+    )
+    pools = provision_pools(exp)
+    if pools["worker_logs"]:
+        say(f"worker logs: {pools['worker_logs']}")
+    say(f"sandboxes: {await warmup_sandboxes(exp)}")
+    if not cfg.model.path and cfg.model.pretrain_steps:
+        say(f"building the model: {cfg.model.pretrain_steps} steps of format pretraining")
+    say(f"model: {prepare_model(exp)}")
+    say(f"reward: {deploy_reward(exp)['scoring']}")
+    start_actors(exp)
+    restored = restore_checkpoint(exp, resume)
+    if restored["step"]:
+        say(
+            f"resumed from step {restored['step']}: weights {restored['weights_sha256'][:12]}, optimiser "
+            f"{restored['optimizer_sha256'][:12]} as saved; {restored['steps_discarded']} later step "
+            "row(s) discarded (redone)"
+        )
+    return restored
+
+
+async def _iterate(live: LiveRun, first: int, last: int) -> None:
+    """Steps `first + 1` to `last`, each an iteration sub-flow, with the progress artifact and the
+    held-out evaluation every `train.eval_every` steps (the last step's is the caller's); a step that failed
+    past its retries stops the run (`TrainingStopped`)."""
+    exp, cfg = live.exp, live.exp.cfg
+    progress = await start_progress(exp.run_id, first, last)
+    for step in range(first, last):
+        try:
+            m = await live.iteration(cfg.name, step + 1, last)
+        except Exception as e:
+            ck = exp.store.latest_checkpoint(exp.run_id)
+            raise TrainingStopped(
+                f"step {step + 1} failed after {cfg.train.step_retries} retries: {type(e).__name__}: "
+                f"{str(e)[:300]}\nthe last checkpoint (step {ck['step'] if ck else 'none'}) is kept; "
+                f"continue with: rollart train CONFIG --resume"
+            ) from e
+        say(
+            f"step {step + 1:>4}/{last}  reward {m['reward_mean']:+.3f}  "
+            f"loss {m['loss']:+.4f}  step {m['step_s']:.2f}s  stale≤{m['staleness_max']}  "
+            f"flow overhead {100 * m['flow_overhead_frac']:.1f}%"
+        )
+        await update_progress(progress, step + 1, last)
+        every = cfg.train.eval_every
+        if every and (step + 1) % every == 0 and step + 1 < last:
+            await _eval(exp, live.proto, live.sink, step + 1)
 
 
 def _summary(

@@ -138,6 +138,35 @@ def _head(cfg: ExperimentConfig, image: str, names: dict[str, str], prefect_pool
     }
 
 
+def _secret(names: dict[str, str], meta: dict[str, Any], prefect_api_url: str) -> dict[str, Any]:
+    """The run's tokens (fresh ones: Ray's, the Prefect API's auth string) and the Prefect API's URL."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": names["secret"], **meta},
+        "type": "Opaque",
+        "stringData": {
+            "ray-auth-token": secrets.token_hex(32),
+            "prefect-auth-string": f"rollart:{secrets.token_urlsafe(32)}",
+            "prefect-api-url": prefect_api_url,
+        },
+    }
+
+
+def _cluster_policy(names: dict[str, str], meta: dict[str, Any]) -> dict[str, Any]:
+    """The cluster's pods take traffic only from each other."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": names["policy"], **meta},
+        "spec": {
+            "podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}}}]}],
+        },
+    }
+
+
 def render(
     cfg: ExperimentConfig,
     *,
@@ -156,17 +185,7 @@ def render(
     config_yaml = cfg.model_copy(update=in_pod).to_yaml()
     sandbox = cfg.backends.kubernetes_sandbox
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": names["secret"], **meta},
-            "type": "Opaque",
-            "stringData": {
-                "ray-auth-token": secrets.token_hex(32),
-                "prefect-auth-string": f"rollart:{secrets.token_urlsafe(32)}",
-                "prefect-api-url": prefect_api_url,
-            },
-        },
+        _secret(names, meta, prefect_api_url),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -183,16 +202,7 @@ def render(
                 "workerGroupSpecs": [_group(p, image, names) for p in pools],
             },
         },
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": names["policy"], **meta},
-            "spec": {
-                "podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {APP_LABEL: names["cluster"]}}}]}],
-            },
-        },
+        _cluster_policy(names, meta),
         *(
             [network_policy(sandbox.namespace), prepull_daemonset(sandbox.namespace, sandbox.image)]
             if sandbox

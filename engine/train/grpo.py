@@ -97,38 +97,57 @@ def policy_loss(
     and with a proximal policy `is_weight_mean` and `is_truncated_frac` (tokens whose w hit `is_cap`).
     """
     _check_loss_args(logprobs, behavior_logprobs, advantages, mask, clip_low, clip_high, agg)
-    if kl_beta < 0:
-        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
-    if kl_beta > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs is required when kl_beta > 0")
-    for name, other in (("ref_logprobs", ref_logprobs), ("proximal_logprobs", proximal_logprobs)):
-        if other is not None and other.shape != logprobs.shape:
-            raise ValueError(f"{name} shape {tuple(other.shape)} != logprobs shape {tuple(logprobs.shape)}")
-    if is_cap < 1:
-        raise ValueError(f"is_cap must be >= 1, got {is_cap}")
+    _check_correction_args(logprobs, ref_logprobs, kl_beta, proximal_logprobs, is_cap)
     weights = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)
     anchor = behavior_logprobs if proximal_logprobs is None else proximal_logprobs.detach()
     ratio = torch.exp(logprobs - anchor)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    unclipped, clipped = _surrogate_terms(ratio, adv, clip_low, clip_high)
     per_token = -torch.minimum(unclipped, clipped)
-    behaviour_w = None
+    raw_w = behaviour_w = None
     if proximal_logprobs is not None:
-        raw_w = torch.exp(proximal_logprobs.detach() - behavior_logprobs)
-        behaviour_w = raw_w.clamp(max=is_cap)
+        raw_w, behaviour_w = _behaviour_weights(proximal_logprobs, behavior_logprobs, is_cap)
         per_token = per_token * behaviour_w
-
-    kl = None
-    if ref_logprobs is not None:
-        log_r = ref_logprobs - logprobs
-        kl = torch.exp(log_r) - log_r - 1.0
-        if kl_beta > 0:
-            per_token = per_token + kl_beta * kl
-
+    kl = _k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else None
+    if kl is not None and kl_beta > 0:
+        per_token = per_token + kl_beta * kl
     loss = _aggregate(per_token, weights, agg)
+    return loss, _loss_stats(weights, ratio, unclipped, clipped, kl, raw_w, behaviour_w, is_cap)
+
+
+def _surrogate_terms(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+    """The surrogate's two per-token terms: `ρ·A` and `clip(ρ, 1−clip_low, 1+clip_high)·A`."""
+    return ratio * adv, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+
+
+def _behaviour_weights(
+    proximal_logprobs: Tensor, behavior_logprobs: Tensor, is_cap: float
+) -> tuple[Tensor, Tensor]:
+    """The truncated importance weights of decoupled PPO: the raw behaviour correction
+    `exp(proximal − behavior_logprobs)` (no gradient) and the same capped at `is_cap`."""
+    raw_w = torch.exp(proximal_logprobs.detach() - behavior_logprobs)
+    return raw_w, raw_w.clamp(max=is_cap)
+
+
+def _k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token KL(π‖π_ref) by Schulman's k3 estimator `exp(ref − lp) − (ref − lp) − 1` (unbiased, ≥ 0)."""
+    log_r = ref_logprobs - logprobs
+    return torch.exp(log_r) - log_r - 1.0
+
+
+def _loss_stats(
+    weights: Tensor,
+    ratio: Tensor,
+    unclipped: Tensor,
+    clipped: Tensor,
+    kl: Tensor | None,
+    raw_w: Tensor | None,
+    behaviour_w: Tensor | None,
+    is_cap: float,
+) -> dict[str, float]:
+    """`policy_loss`'s stats, means over the masked tokens (its docstring says what each one is)."""
     with torch.no_grad():
         count = weights.sum().clamp(min=1.0)
         stats = {
@@ -136,10 +155,10 @@ def policy_loss(
             "ratio_mean": float((ratio * weights).sum() / count),
             "kl": float((kl * weights).sum() / count) if kl is not None else 0.0,
         }
-        if behaviour_w is not None:
+        if raw_w is not None and behaviour_w is not None:
             stats["is_weight_mean"] = float((behaviour_w * weights).sum() / count)
             stats["is_truncated_frac"] = float(((raw_w > is_cap).to(weights.dtype) * weights).sum() / count)
-    return loss, stats
+    return stats
 
 
 def _aggregate(per_token: Tensor, weights: Tensor, agg: LossAgg) -> Tensor:
@@ -180,3 +199,22 @@ def _check_loss_args(
         raise ValueError(f"clip_high must be >= 0, got {clip_high}")
     if agg not in _AGGS:
         raise ValueError(f"agg must be one of {_AGGS}, got {agg!r}")
+
+
+def _check_correction_args(
+    logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    kl_beta: float,
+    proximal_logprobs: Tensor | None,
+    is_cap: float,
+) -> None:
+    """The KL term's and the behaviour correction's arguments (`_check_loss_args` checks the others)."""
+    if kl_beta < 0:
+        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
+    if kl_beta > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs is required when kl_beta > 0")
+    for name, other in (("ref_logprobs", ref_logprobs), ("proximal_logprobs", proximal_logprobs)):
+        if other is not None and other.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {tuple(other.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    if is_cap < 1:
+        raise ValueError(f"is_cap must be >= 1, got {is_cap}")

@@ -148,6 +148,49 @@ def _pump(
     return bytes(out[proc.stdout.fileno()]), bytes(out[proc.stderr.fileno()]), reason
 
 
+def _spawn(
+    code: str, exe: str, prefix: str, limits: dict[str, int]
+) -> tuple[subprocess.Popen[bytes], int | None]:
+    """Start the sandbox on `code` (a read-only file in it): the bwrap process, in a session of its own,
+    and a pidfd of the sandbox's pid 1 (None when bwrap failed before starting it)."""
+    with tempfile.TemporaryFile() as script:
+        script.write(code.encode())
+        script.seek(0)
+        info_r, info_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                _command(exe, prefix, script.fileno(), info_w, limits),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(script.fileno(), info_w),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(info_r)
+            raise
+        finally:
+            os.close(info_w)
+        return proc, _pidns_init(info_r)
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], stdin: bytes, deadline: float, max_output: int
+) -> tuple[bytes, bytes, str | None]:
+    """`_pump`, then wait for the exit until `deadline`; a program stopped for time or output has its
+    process group killed. Returns once the bwrap process has exited."""
+    out, err, reason = _pump(proc, stdin, deadline, max_output)
+    if reason is None:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            reason = "timeout"
+    if reason is not None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return out, err, reason
+
+
 def run_python(
     code: str,
     stdin: str = "",
@@ -170,35 +213,9 @@ def run_python(
     exe, prefix = _interpreter()
     limits = {"cpu": cpu_s, "as": memory_bytes, "nproc": max_procs, "fsize": tmp_bytes, "core": 0}
     start = time.monotonic()
-    with tempfile.TemporaryFile() as script:
-        script.write(code.encode())
-        script.seek(0)
-        info_r, info_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                _command(exe, prefix, script.fileno(), info_w, limits),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(script.fileno(), info_w),
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(info_r)
-            raise
-        finally:
-            os.close(info_w)
-        init = _pidns_init(info_r)
+    proc, init = _spawn(code, exe, prefix, limits)
     with proc:
-        out, err, reason = _pump(proc, stdin.encode(), start + timeout_s, max_output)
-        if reason is None:
-            try:
-                proc.wait(max(0.0, start + timeout_s - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                reason = "timeout"
-        if reason is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        out, err, reason = _communicate(proc, stdin.encode(), start + timeout_s, max_output)
     if init is not None:
         _wait_exit(init)
     return SandboxResult(
