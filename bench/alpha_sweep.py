@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from bench.async_modes import paired
@@ -193,12 +193,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "α sweep: rollart step time and staleness aborts",
-        _table(rows),
+        s,
+        rows,
+        note,
+        table=_table(rows),
         clock="wall",
         seeds=round_seeds(s),
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"alphas": list(alphas), "envs": s.envs},
+        config={"alphas": list(alphas), "envs": s.envs},
         plot=lambda path: _plot(rows, path),
         best=best,
         bound_held=bound_held,

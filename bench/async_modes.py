@@ -38,7 +38,7 @@ import itertools
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from bench.async_runs import (
@@ -343,12 +343,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "Async modes: step time and throughput",
-        _table(rows, summaries),
+        s,
+        rows,
+        note,
+        table=_table(rows, summaries),
         clock="wall",
         seeds=round_seeds(s),
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"modes": list(modes), "alpha": alpha, "envs": s.envs, "cpus": os.cpu_count()},
+        config={"modes": list(modes), "alpha": alpha, "envs": s.envs, "cpus": os.cpu_count()},
         plot=lambda path: _plot(rows, summaries, best, path),
         ideal=best,
         order_violations=broken,

@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -381,12 +381,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     payload = publish(
         args,
         "Faults: steps done, lost and partial groups under env failures",
-        _table(rows),
+        s,
+        rows,
+        note,
+        table=_table(rows),
         clock="wall",
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"redundancies": list(s.redundancies), "rates": list(s.rates), "model": MODEL,
+        config={"redundancies": list(s.redundancies), "rates": list(s.rates), "model": MODEL,
                             "device": DEVICE, "kill_after_requests": KILL_AFTER, "cpus": os.cpu_count()},
         plot=lambda path: _plot(rows, path),
         requirements_met=ok,

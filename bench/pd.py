@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.clock import run as run_loop
@@ -255,12 +255,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "PD disaggregation: rollout step time and speedup over colocated",
+        s,
         rows,
-        clock=s.clock,
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"models": MODELS},
+        note,
+        config={"models": MODELS},
         plot=lambda path: _plot(rows, path),
         paper=PAPER,
     )

@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +213,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "generation through the LLMProxy vs straight to the engine",
-        table,
+        s,
+        rows,
+        note,
+        table=table,
         clock="wall",
         seeds=[s.seed],
-        rows=rows,
-        note=note,
-        config=asdict(s),
         **ratio,
         all={"direct": direct, "proxy": proxy},
     )

@@ -278,12 +278,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "Redundant env rollouts: step time and speedup over r = 0, equal engines",
+        s,
         rows,
-        clock=s.clock,
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"model": MODEL},
+        note,
+        config={"model": MODEL},
         plot=lambda path: _plot(rows, s, path),
         paper={"max_speedup": PAPER_MAX_SPEEDUP},
     )

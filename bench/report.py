@@ -8,7 +8,7 @@ import random
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -47,28 +47,33 @@ def write_json(path: str | None, payload: dict[str, Any]) -> Path | None:
 def publish(
     args: Any,
     title: str,
-    table: Sequence[dict[str, Any]],
-    *,
-    clock: str,
-    seeds: Sequence[int],
+    settings: Any,
     rows: list[dict[str, Any]],
     note: str,
-    config: dict[str, Any],
+    *,
+    table: Sequence[dict[str, Any]] | None = None,
+    clock: str | None = None,
+    seeds: Sequence[int] | None = None,
+    config: dict[str, Any] | None = None,
     plot: Callable[[str | None], str] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Every benchmark's ending: `table` printed under `title` with `note`, then the JSON payload written
-    where `--json` says and returned. The payload's common keys come first (the clock, the seeds, the rows,
-    the note and the config with `quick` added), then `extra`, then `png`: the path `plot(json_path)` saved
-    its figure at."""
-    print_table(title, table, note)
+    """Every benchmark's ending: `table` (default: the rows) printed under `title` with `note`, then the
+    JSON payload written where `--json` says and returned. The payload's common keys come first: the clock
+    and seeds (default: the `settings` dataclass's fields of those names), the rows, the note and the
+    config (the settings, then `config`, then `quick`); then `extra`; then `png`, the path `plot(json_path)`
+    saved its figure at."""
+    print_table(title, rows if table is None else table, note)
     json_path = getattr(args, "json", None)
     payload = {
-        "clock": clock,
-        "seeds": list(seeds),
+        "clock": clock or settings.clock,
+        "seeds": list(settings.seeds if seeds is None else seeds),
         "rows": rows,
         "note": note,
-        "config": {**config, "quick": bool(getattr(args, "quick", False))},
+        # as the JSON reads back (tuples as lists)
+        "config": json.loads(
+            json.dumps(asdict(settings) | (config or {}) | {"quick": bool(getattr(args, "quick", False))})
+        ),
         **extra,
     }
     if plot is not None:

@@ -35,7 +35,7 @@ import argparse
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bench.clock import run as run_loop
@@ -371,10 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "Paper (R2, μ=10, T not stated): 1.23x at σ=1, 2.27x at σ=10. "
         f"Ours: {_verdict(rows) or 'no paper point'}."
     )
-    config = asdict(s) | {
-        "sigmas": list(s.sigmas),  # as JSON reads it back
-        "turns": list(s.turns),
-        "seeds": list(s.seeds),
+    config = {
         "group_size": GROUP_SIZE,
         "action_tokens": ACTION_TOKENS,
         "model": MODEL,
@@ -386,11 +383,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "R2: rollout step time, trajectory vs batch granularity",
-        _table(rows),
-        clock=s.clock,
-        seeds=s.seeds,  # each a new set of draws (on the simulated clock the only noise)
-        rows=rows,
-        note=note,
+        s,
+        rows,
+        note,
+        table=_table(rows),
         config=config,
         plot=lambda path: _plot(rows, s, path),
         paper={str(k): v for k, v in PAPER_SPEEDUP.items()},

@@ -39,7 +39,7 @@ import math
 import os
 import resource
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.harness import Workload, clock_note, modelled_slots, rollout_step
@@ -213,12 +213,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "Control-plane overhead vs concurrency (one LLMProxy)",
+        s,
         rows,
+        note,
         clock="wall",
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"cpus": os.cpu_count()},
+        config={"cpus": os.cpu_count()},
         plot=lambda path: _plot(rows, path),
         paper=None,
     )

@@ -47,7 +47,7 @@ import asyncio
 import itertools
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bench.clock import run as run_loop
@@ -386,12 +386,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "R3: reward on reserved GPUs vs serverless, cost in GPU-seconds per step",
+        s,
         rows,
-        clock=s.clock,
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"judge_model": JUDGE_MODEL},
+        note,
+        config={"judge_model": JUDGE_MODEL},
         plot=lambda path: _plot(rows, path),
         paper=PAPER,
     )

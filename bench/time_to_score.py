@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -385,12 +385,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "Time to a held-out score",
-        table,
-        clock="wall",  # real training runs
-        seeds=s.seeds,
-        rows=rows,
-        note=note,
-        config={**asdict(s), "before": before},
+        s,
+        rows,
+        note,
+        table=table,
+        clock="wall",
+        config={"before": before},
         plot=lambda path: _plot(runs, target, path),
         summary=summary,
         curves=runs,

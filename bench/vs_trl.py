@@ -27,7 +27,7 @@ import asyncio
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -300,12 +300,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "rollart vs TRL GRPOTrainer",
-        table,
+        s,
+        rows,
+        note,
+        table=table,
         clock="wall",
         seeds=[s.seed],
-        rows=rows,
-        note=note,
-        config=asdict(s) | {"models_shape": MODELS},
+        config={"models_shape": MODELS},
         plot=lambda path: _plot(rows, path),
         vs_trl=vs,
     )

@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from subprocess import PIPE, Popen
 from typing import Any
@@ -381,13 +381,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return publish(
         args,
         "Weight sync: push, pull, exposed pull per step",
-        _table(rows),
+        s,
+        rows,
+        note,
+        table=_table(rows),
         clock="wall",
         seeds=[s.seed],
-        rows=rows,
-        note=note,
-        config={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items()}
-        | {"cpus": os.cpu_count()},
+        config={"cpus": os.cpu_count()},
         plot=lambda path: _plot(rows, path),
         repeats=s.steps,
         interval="percentile bootstrap over the steps of a row (one run per row)",
