@@ -16,8 +16,8 @@ POLL_S = 0.001  # loop time between two looks of `until` (modelled time on the s
 async def settled() -> None:
     """Returns once no other callback is ready to run on this event loop: every task that could go on has
     gone on and now waits (on an event, a future, a timer or I/O). What a test asserts next is what the code
-    did with nothing further happening: a barrier, not a guess at how long the other tasks need. No loop
-    time passes here (a timer still pending is a wait like any other)."""
+    did with nothing further happening: a barrier, not a guess at how long the other tasks need. On the
+    simulated clock no time passes here (a timer still pending is a wait like any other)."""
     loop = asyncio.get_running_loop()
     for _ in range(MAX_TURNS):
         if not loop._ready:  # type: ignore[attr-defined]  # asyncio's run queue (CPython's BaseEventLoop)
