@@ -20,6 +20,7 @@ from engine.core.decorators import hw_mapping, register, register_serverless
 from engine.core.worker import Role, Worker
 from infra.metadata import PoolsExhausted
 from tests.integration.engine.core.pools import pools_on_ray
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[4]
 POOLS = [
@@ -90,7 +91,7 @@ def test_hw_mapping_routes_by_tag(gen):
 
 async def test_hw_mapping_falls_back_to_compatible_worker_when_matching_one_is_busy(gen):
     busy = asyncio.ensure_future(gen.generate.aio(0, tag="decode-heavy", hold_s=1.5))
-    await asyncio.sleep(0)  # let the first call dispatch (it marks the bandwidth worker busy)
+    await until(lambda: [w.kind for w in gen.workers if w.outstanding] == ["gpu-bandwidth"])  # it is busy
     second = await gen.generate.aio(1, tag="decode-heavy")
     assert second["kind"] == "gpu-compute" and gen.fallback_calls == 1
     assert (await busy)["pool"] == "bandwidth"

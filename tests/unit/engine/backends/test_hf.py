@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from engine.backends.hf import HFBackend, top_p_filter
 from engine.models.tiny import init_model, perturbed_weights
 from engine.types import GenRequest, SamplingParams
+from tests.waiting import settled
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +194,7 @@ async def test_abort_running_and_waiting_requests(model: PreTrainedModel) -> Non
     await backend.generate(GenRequest("warm", prompt(1), greedy(1)))
     blocker = asyncio.create_task(backend.generate(GenRequest("blocker", prompt(2), greedy(500))))
     waiting = asyncio.create_task(backend.generate(GenRequest("wait", prompt(2), greedy(5))))
-    await asyncio.sleep(0)  # one event-loop turn: both tasks register (FIFO order, not a timed wait)
+    await settled()  # both tasks have registered their requests
     await backend.abort("wait")
     await backend.abort("run")
     await backend.abort("blocker")

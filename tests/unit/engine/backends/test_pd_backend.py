@@ -18,6 +18,7 @@ from engine.devices import (
 )
 from engine.types import GenRequest, SamplingParams
 from tests.simulated import on_simulated_clock
+from tests.waiting import settled
 
 QWEN7B, MOE = get_model("qwen2.5-7b"), get_model("qwen3-30b-a3b")
 H800, H20 = get_device("H800"), get_device("H20")
@@ -85,16 +86,18 @@ async def test_the_decode_engine_reserves_kv_memory_before_the_stage_prefills() 
     assert stage.busy_s == pytest.approx(2 * prefill_only_s(QWEN7B, H800, 200, pairs=attention_pairs(200)))
 
 
+@on_simulated_clock
 async def test_abort_while_being_prefilled_never_reaches_decode() -> None:
-    stage = PrefillStage(QWEN7B, H20, time_scale=0.2)  # 100k tokens on an H20: 2.1 s modelled, 0.4 s wall
+    stage = PrefillStage(QWEN7B, H20, time_scale=0.2)  # 100k tokens on an H20: 24 s modelled, 4.8 s here
     backend = PDBackend(QWEN7B, stage, H20, time_scale=0.2)
     task = asyncio.create_task(backend.generate(request("big", 100_000, 10)))
-    await asyncio.sleep(0.05)
+    await settled()
+    assert stage.batches == 1 and not task.done()  # the stage took it and is prefilling it
     await backend.abort("big")
     out = await task
     assert (out.finish_reason, out.token_ids) == ("abort", [])
-    await backend.close()
-    assert backend.stats()["decode_steps"] == 0
+    await backend.close()  # the stage has finished its round: the prefilled request went nowhere
+    assert (backend.stats()["decode_steps"], backend.stats()["running"]) == (0, 0)
 
 
 def test_stage_and_engine_must_agree() -> None:

@@ -4,6 +4,7 @@ import pytest
 
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.types import GenOutput, GenRequest, SamplingParams
+from tests.waiting import settled
 
 
 class Engine:
@@ -38,20 +39,15 @@ def proxy(capacity: int = 2):
     return LLMProxy(slots), engines
 
 
-async def settle():
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 async def test_profile_routing_least_loaded_and_fallback():
     p, engines = proxy(capacity=2)
     tasks = [asyncio.ensure_future(p.generate(req(f"d{i}"))) for i in range(4)]
     tasks.append(asyncio.ensure_future(p.generate(req("p0", profile="prefill-heavy"))))
-    await settle()
+    await settled()
     assert {n: len(e.gates) for n, e in engines.items()} == {"c0": 1, "b0": 2, "b1": 2}  # spread evenly
     # the bandwidth pool is saturated (2 + 2): the next decode request falls back to the compute worker
     tasks.append(asyncio.ensure_future(p.generate(req("d4"))))
-    await settle()
+    await settled()
     assert "d4" in engines["c0"].gates and p.stats.fallbacks == 1
     for e in engines.values():
         e.release_all()
@@ -111,21 +107,21 @@ class _Open(dict):
 async def test_suspend_waits_for_in_flight_and_holds_new_requests_until_resume():
     p, engines = proxy()
     running = asyncio.ensure_future(p.generate(req("r0")))
-    await settle()
+    await settled()
     suspending = asyncio.ensure_future(p.suspend())
-    await settle()
+    await settled()
     assert not suspending.done()  # r0 is still in flight
     held = asyncio.ensure_future(p.generate(req("r1")))
-    await settle()
+    await settled()
     assert all("r1" not in e.gates for e in engines.values())  # not admitted while suspended
     for e in engines.values():
         e.release_all()
     await running
     assert await asyncio.wait_for(suspending, 1) >= 0 and p.suspended
-    await settle()
+    await settled()
     assert not held.done()
     p.resume()
-    await settle()
+    await settled()
     for e in engines.values():
         e.release_all()
     out = await asyncio.wait_for(held, 1)
@@ -135,7 +131,7 @@ async def test_suspend_waits_for_in_flight_and_holds_new_requests_until_resume()
 async def test_cancelled_request_is_aborted_on_its_worker():
     p, engines = proxy()
     t = asyncio.ensure_future(p.generate(req("gone")))
-    await settle()
+    await settled()
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
         await t

@@ -14,6 +14,7 @@ from engine.rollout.staleness import StalenessPolicy
 from engine.types import TrajStatus
 from tests.simulated import on_simulated_clock
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
+from tests.waiting import settled, until
 
 
 class OneStep(Env):
@@ -71,23 +72,18 @@ def scheduler(delays, tasks=None, concurrency=6, redundancy=0, mode="rollart", a
 
 
 async def run_until(s, cond, timeout=5.0):
+    """Runs the scheduler until `cond()` holds (within `timeout` s of loop time), then stops it."""
     runner = asyncio.ensure_future(s.run())
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    while not cond():
-        assert loop.time() - t0 < timeout, s.counts
-        await asyncio.sleep(0.005)
+    await until(cond, timeout, state=lambda: s.counts)
     s.stop()
     await asyncio.wait_for(runner, 5)
 
 
 async def settled_starts(s, complete: int) -> int:
-    """Groups started once `complete` groups have completed and the scheduler had time to start more (on the
-    simulated clock, a sleep passes only once nothing else is ready to run: the scheduler has settled)."""
-    async with asyncio.timeout(2):
-        while s.counts["groups_complete"] < complete:
-            await asyncio.sleep(0.005)
-    await asyncio.sleep(0.05)
+    """Groups started once `complete` groups have completed and the scheduler has settled: it started
+    every group it was going to start on that, and nothing else is ready to run."""
+    await until(lambda: s.counts["groups_complete"] >= complete, 2, state=lambda: s.counts)
+    await settled()
     return s.counts["groups_started"]
 
 
@@ -104,7 +100,7 @@ async def test_redundant_members_first_g_kept_rest_cancelled():
     s.stop()
     await runner
     assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
-    assert elapsed < 1.0  # did not wait for the two 2-second stragglers
+    assert elapsed == pytest.approx(0.04)  # m3's step ended it: no wait for the two 2-second stragglers
     done = [t for t in s.finished if t.group_id == "g0"]
     assert Counter(t.status for t in done) == {TrajStatus.DONE: 4, TrajStatus.ABORTED: 2}
     assert {t.failure for t in done if t.status == TrajStatus.ABORTED} == {"redundant"}
@@ -223,15 +219,16 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
 ):
     s, buf, *_ = scheduler(lambda i: 5.0, tasks=[task(group_size=2)], concurrency=2, alpha=alpha, version=0)
     runner = asyncio.ensure_future(s.run())
-    while s.counts["trajectories_started"] < 2 or any(t.start_version < 0 for t in s._live.values()):
-        await asyncio.sleep(0.005)
+    await until(
+        lambda: s.counts["trajectories_started"] >= 2 and all(t.start_version >= 0 for t in s._live.values())
+    )
     # the trainer took batch v1 and the workers serve v1: the next batch is v2's, which may take v0 with
     # alpha 2, not with alpha 1; at v2 (batch v3) v0 is too old for both
     buf.next_batch = 2
     assert await s.advance(1) == aborted_at_bumps[0]
     buf.next_batch = 3
     assert await s.advance(2) == aborted_at_bumps[1]
-    await asyncio.sleep(0.05)
+    await settled()  # the aborted members have ended and their group is dropped
     s.stop()
     await runner
     stale = [t for t in s.finished if t.failure.startswith("stale")]

@@ -5,6 +5,7 @@ import pytest
 from engine.rollout.buffer import SampleBuffer
 from engine.types import Trajectory, TrajStatus
 from tests.simulated import on_simulated_clock
+from tests.waiting import settled
 
 
 def traj(group: str, i: int, start_version: int, status=TrajStatus.DONE, reward=1.0) -> Trajectory:
@@ -24,7 +25,7 @@ async def test_get_batch_blocks_until_enough_complete_groups():
     await fill(buf, "a", 2, 0)
     await buf.put(traj("b", 0, 0), group_size=2)  # b is incomplete
     waiter = asyncio.ensure_future(buf.get_batch(2, current_version=0))
-    await asyncio.sleep(0.01)
+    await settled()
     assert not waiter.done()
     await buf.put(traj("b", 1, 0), group_size=2)
     batch = await asyncio.wait_for(waiter, 1)
@@ -83,7 +84,7 @@ async def test_batches_are_taken_in_launch_order_not_finish_order():
         buf.expect(gid)
     await fill(buf, "fast", 2, 0)  # the later group finished first ...
     waiter = asyncio.ensure_future(buf.get_batch(1, current_version=0))
-    await asyncio.sleep(0.01)
+    await settled()
     assert not waiter.done()  # ... but does not overtake the older one
     await fill(buf, "slow", 2, 0)
     assert [g.group_id for g in await asyncio.wait_for(waiter, 1)] == ["slow"]
@@ -99,7 +100,7 @@ async def test_a_dropped_group_gives_its_place_in_line_to_the_next():
     await fill(buf, "b", 2, 0)
     await fill(buf, "c", 2, 0)
     waiter = asyncio.ensure_future(buf.get_batch(2, current_version=0))
-    await asyncio.sleep(0.01)
+    await settled()
     assert not waiter.done()
     await buf.drop_group("a", "group_incomplete")
     assert [g.group_id for g in await asyncio.wait_for(waiter, 1)] == ["b", "c"]

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import pytest
 import torch
 
+from engine.weights import transfer
 from engine.weights.transfer import WeightPrefetcher, WeightPublisher, bucket_key, manifest_key
 from infra.weightstore import Buffer, InMemoryStore, MissingKeyError
 
@@ -21,14 +22,38 @@ def state_dict(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+class ManualClock:
+    """The `time` of `engine.weights.transfer` in a test: `perf_counter` moves only when the test (or a fake
+    link) advances it, so what the transfer times is what the test modelled; `sleep` (its polls) is real."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    manual = ManualClock()
+    monkeypatch.setattr(transfer, "time", manual)
+    return manual
+
+
 class RecordingStore(InMemoryStore):
-    """Logs every put/delete, and can hold every get until `gate` is set (a slow link)."""
+    """Logs every put/delete, and can hold every get until `gate` is set (a slow link); `reading` is set once
+    a get has begun."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, str]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.reading = threading.Event()
 
     def put(self, key: str, data: Buffer) -> None:
         self.ops.append(("put", key))
@@ -44,6 +69,7 @@ class RecordingStore(InMemoryStore):
         return super().delete_prefix(prefix)
 
     def get(self, key: str) -> Buffer:
+        self.reading.set()
         self.gate.wait()
         return super().get(key)
 
@@ -104,23 +130,20 @@ def test_prefetched_tensors_equal_the_published_ones() -> None:
     prefetcher.close()
 
 
-def test_pull_overlaps_with_the_callers_work() -> None:
+def test_pull_overlaps_with_the_callers_work(clock: ManualClock) -> None:
     store = RecordingStore()
     WeightPublisher(store, "run").publish(state_dict(2), version=2, bucket_bytes=512)
     prefetcher = WeightPrefetcher(store, "run")
     store.gate.clear()  # the link is "slow": every get waits until the caller's work is done
     prefetcher.start(2)
-    t0, served = time.perf_counter(), 0
-    while time.perf_counter() - t0 < 0.3:  # the caller keeps serving the old version meanwhile
-        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
-        served += 1
-    work_s = time.perf_counter() - t0
+    assert store.reading.wait(10)  # the pull is under way, in the background
+    clock.now += 0.3  # the caller serves the old version for 0.3 s meanwhile
     assert not prefetcher.done(2)
     store.gate.set()
     tensors, timings = prefetcher.wait(2)
     assert_same(tensors, state_dict(2))
-    assert served > 0 and timings["pull_s"] >= work_s
-    assert timings["exposed_s"] < timings["pull_s"] / 4
+    assert timings["pull_s"] == pytest.approx(0.3)  # the pull ran during the caller's work ...
+    assert timings["exposed_s"] == 0.0  # ... and left nothing for the caller to wait for
     prefetcher.close()
 
 
@@ -155,19 +178,38 @@ def test_unpublished_version_is_a_clear_error() -> None:
     prefetcher.close()
 
 
-def test_a_pull_started_before_the_publish_reads_each_bucket_as_it_lands() -> None:
-    class SlowPush(RecordingStore):
-        """Every put takes 50 ms, as on a slow link; `ops` also logs the reads."""
+class SlowPush(RecordingStore):
+    """A slow link in lock step with the reader: a key of v4 is written only once the reader looks for it
+    (or after 10 s, when it never does), and its write takes 50 ms of `clock`; a read takes 1 ms. `ops` also
+    logs the reads."""
 
-        def put(self, key: str, data: Buffer) -> None:
-            time.sleep(0.05)
-            super().put(key, data)
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.sought: set[str] = set()
+        self.looking = threading.Condition()
 
-        def get(self, key: str) -> Buffer:
-            self.ops.append(("get", key))
-            return super().get(key)
+    def exists(self, key: str) -> bool:
+        with self.looking:
+            self.sought.add(key)
+            self.looking.notify_all()
+        return super().exists(key)
 
-    store = SlowPush()
+    def put(self, key: str, data: Buffer) -> None:
+        if key.startswith("run/v4/"):
+            with self.looking:
+                self.looking.wait_for(lambda: key in self.sought, timeout=10)
+            self.clock.now += 0.05
+        super().put(key, data)
+
+    def get(self, key: str) -> Buffer:
+        self.ops.append(("get", key))
+        self.clock.now += 0.001
+        return super().get(key)
+
+
+def test_a_pull_started_before_the_publish_reads_each_bucket_as_it_lands(clock: ManualClock) -> None:
+    store = SlowPush(clock)
     prefetcher = WeightPrefetcher(store, "run")
     prefetcher.start(4)  # nothing published yet
     WeightPublisher(store, "run").publish(state_dict(4), version=4, bucket_bytes=512)
@@ -175,8 +217,8 @@ def test_a_pull_started_before_the_publish_reads_each_bucket_as_it_lands() -> No
     assert_same(tensors, state_dict(4))
     # bucket 0 was read before bucket 1 was written: the pull overlapped the push
     assert store.ops.index(("get", "run/v4/bucket0")) < store.ops.index(("put", "run/v4/bucket1"))
-    assert timings["publish_wait_s"] >= 0.1  # waited for the manifest and for bucket 1 (50 ms each at least)
-    assert timings["pull_s"] < timings["publish_wait_s"]  # reading is fast; the link was the wait
+    assert timings["publish_wait_s"] == pytest.approx(0.15)  # the manifest's and both buckets' writes
+    assert timings["pull_s"] == pytest.approx(0.003)  # its own three reads: the link was the wait
     prefetcher.close()
 
 
