@@ -116,6 +116,10 @@ class TorchTrainer:
             raise ValueError(
                 "ref_model: a policy that runs its own micro-batches (MegatronLM) needs one that does"
             )
+        if staged == [False, True]:  # the trainer scores an HF policy's reference itself, as an HF model
+            raise ValueError(
+                "ref_model: a reference that runs its own micro-batches (MegatronLM) needs a policy that does"
+            )
         if self.ref_model is not None:
             self.ref_model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
