@@ -69,7 +69,7 @@ class FaultyScore:
         if hangs:
             await asyncio.Event().wait()  # only the scorer's timeout ends this
         value = self.base(traj)
-        return float(await value if inspect.isawaitable(value) else value)  # type: ignore[arg-type]
+        return float(await value if inspect.isawaitable(value) else value)
 
 
 class FaultyTrainWorker(TrainWorker):

@@ -109,7 +109,8 @@ def _http_address(host: str, port: int | None) -> tuple[str, int]:
         # replica by default, could not bind.
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port or _free_port(host)})
         client = _get_global_client()
-    config = client.http_config
+    # ray types _get_global_client() as Optional; it raises instead when no controller runs
+    config = client.http_config  # type: ignore[union-attr]
     if config.host != host or (port is not None and config.port != port):
         raise ValueError(
             f"Serve's HTTP proxy already listens on {config.host}:{config.port}; asked for {host}:{port} "
@@ -144,7 +145,8 @@ def deploy_function(
     if not route_prefix.startswith("/"):
         raise ValueError(f"deploy_function({name!r}): route_prefix must start with '/', got {route_prefix!r}")
     host, port = _http_address(host, port)
-    deployment = serve.deployment(_Endpoint).options(
+    # ray types serve.deployment(x) as a decorator; given a class, it returns the Deployment
+    deployment = serve.deployment(_Endpoint).options(  # type: ignore[attr-defined]
         name=name,
         ray_actor_options=dict(ray_actor_options or {"num_cpus": 1}),
         autoscaling_config={

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from engine.backends.base import GenerationBackend
 from engine.precision import Precision, resolve_dtype
@@ -74,7 +75,9 @@ class HFBackend(GenerationBackend):
         torch_dtype = getattr(torch, resolve_dtype(dtype, str(device)))
         if not isinstance(model, PreTrainedModel):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype)
-        self.model = model.to(device=device, dtype=torch_dtype).eval()
+        # in place; transformers types `PreTrainedModel.to` as a functools.wraps object, whose self is unbound
+        model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]
+        self.model = model.eval()
         self.device = torch.device(device)
         self.max_batch = max_batch
         self.max_context = int(self.model.config.max_position_embeddings)
@@ -267,7 +270,7 @@ class HFBackend(GenerationBackend):
             mask[old + row, total - n :] = 1
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
-        for layer, new in zip(self._cache.layers, cache.layers, strict=True):
+        for layer, new in zip(_kv_layers(self._cache), _kv_layers(cache), strict=True):
             for attr in ("keys", "values"):
                 src = getattr(new, attr)
                 merged = src.new_zeros(old + len(seqs), src.shape[1], total, src.shape[3])
@@ -294,8 +297,8 @@ class HFBackend(GenerationBackend):
         self._mask = mask[:, start:]
         assert self._cache is not None
         for layer in self._cache.layers:
-            layer.keys = layer.keys[rows, :, start:]
-            layer.values = layer.values[rows, :, start:]
+            for attr in ("keys", "values"):
+                setattr(layer, attr, getattr(layer, attr)[rows, :, start:])
         self._running = seqs
 
     def _reset(self) -> None:
@@ -332,6 +335,17 @@ class HFBackend(GenerationBackend):
         elif len(seq.tokens) >= seq.request.sampling.max_tokens or len(seq.context) >= self.max_context:
             seq.finish_reason = "length"
         return bool(seq.finish_reason)
+
+
+def _kv_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The cache's layers, each holding keys and values (a DynamicLayer), which the batch merges and cuts;
+    TypeError for a model with other layers (the recurrent state of linear attention)."""
+    layers = []
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer):
+            raise TypeError(f"HFBackend batches key/value caches only, not a {type(layer).__name__} layer")
+        layers.append(layer)
+    return layers
 
 
 def validate_request(request: GenRequest, max_context: int, inflight: Container[str]) -> None:

@@ -147,7 +147,11 @@ class Cluster:
             )
             for rank, b in bound
         ]
-        self._starting += [(b, a.ping.remote()) for (_, b), a in zip(bound, actors, strict=True)]
+        # ray types an actor handle's methods as the class's plain functions, which have no .remote
+        self._starting += [
+            (b, a.ping.remote())  # type: ignore[attr-defined]
+            for (_, b), a in zip(bound, actors, strict=True)
+        ]
         return [
             WorkerHandle(rank, a, b, self.rm.kind(b.pool), self.max_concurrency)
             for (rank, b), a in zip(bound, actors, strict=True)

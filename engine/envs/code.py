@@ -140,7 +140,13 @@ class CodeEnv(Env):
         total = len(problem.tests)
         code = extract_code(action)
         if not code:
-            info = {"passed": 0, "total": total, "success": False, "invalid": True, "sandbox": None}
+            info: dict[str, Any] = {
+                "passed": 0,
+                "total": total,
+                "success": False,
+                "invalid": True,
+                "sandbox": None,
+            }
             return EnvStep("No code found.", 0.0, True, info)
         inputs = [args for args, _ in problem.tests]
         harness = _HARNESS % {"source": code, "inputs": inputs, "name": problem.name, "marker": _MARKER}

@@ -128,7 +128,8 @@ class FrozenLakeEnv(Env):
         """The map rows with the player's cell shown as P."""
         if self._lake is None:
             raise RuntimeError("FrozenLakeEnv: call reset() before reading the grid")
-        rows = [b"".join(row).decode() for row in self._lake.desc.tolist()]
+        # gymnasium types `desc` as the list[str] it was given; the env keeps it as a numpy array of bytes
+        rows = [b"".join(row).decode() for row in self._lake.desc.tolist()]  # type: ignore[attr-defined]
         r, c = divmod(int(self._lake.s), self._lake.ncol)
         rows[r] = rows[r][:c] + "P" + rows[r][c + 1 :]
         return rows

@@ -84,7 +84,9 @@ class GemEnv(Env):
     async def reset(self, seed: int) -> str:
         if self._game is None:
             self._game = await _call(gem.make, self.game_id, **self._game_args)
-        observation, info = await _call(self._game.reset, seed % _SEED_RANGE)
+        # gem is untyped, so its Env is Any, which does not narrow `self._game` past the None check
+        game: gem.Env = self._game
+        observation, info = await _call(game.reset, seed % _SEED_RANGE)
         self._done = False
         return _with_suffix(observation, info)
 

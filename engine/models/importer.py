@@ -78,7 +78,7 @@ def resolve_model_path(path: str) -> str:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        snapshot: str = snapshot_download(path, local_files_only=True)  # type: ignore[assignment]
+        snapshot: str = snapshot_download(path, local_files_only=True)
     except (LocalEntryNotFoundError, HFValidationError):
         raise ValueError(
             f"model.path {path!r} is not a local directory and the Hugging Face hub is unreachable here "
@@ -96,7 +96,7 @@ def _load(src: str, dtype_name: Dtype) -> tuple[PreTrainedModel, PreTrainedToken
     path = Path(src)
     if path.is_dir() and (path / "config.json").is_file():
         _say(f"loading the HF model directory {src}")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         return model, AutoTokenizer.from_pretrained(path)
     gguf = path if path.suffix == ".gguf" and path.is_file() else _packaged_gguf(src)
     model = _load_gguf(gguf, dtype)

@@ -188,7 +188,7 @@ def pretrain(model: PreTrainedModel, chat: ChatFormat, config: PretrainConfig) -
         torch.manual_seed(config.seed)
         for micro_batches in steps:
             parts = [_target_loss(model, mb, pad_id) for mb in micro_batches]
-            loss = sum(total for total, _ in parts) / max(1.0, sum(n for _, n in parts))
+            loss = torch.stack([total for total, _ in parts]).sum() / max(1.0, sum(n for _, n in parts))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

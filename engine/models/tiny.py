@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -21,16 +21,27 @@ from engine.rollout.chat import ChatFormat
 
 ModelSize = Literal["tiny", "small"]
 
+
+class Shape(TypedDict):
+    """A size's transformer dimensions, as Qwen2Config keyword arguments."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+
+
 # head_dim = hidden / heads = 32, the smallest head size vLLM's CPU attention supports.
-SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(
+SIZES: dict[str, Shape] = {
+    "tiny": Shape(
         hidden_size=128,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=512,
     ),
-    "small": dict(
+    "small": Shape(
         hidden_size=256,
         num_hidden_layers=8,
         num_attention_heads=8,
@@ -69,7 +80,9 @@ def init_model(size: ModelSize, out: Path, seed: int = 0, pretrain_steps: int = 
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config)
+        # in place; transformers types `PreTrainedModel.to` as a functools.wraps object, whose self is unbound
+        model.to(torch.float32)  # type: ignore[arg-type]
     if pretrain_steps:
         from engine.models.pretrain import PretrainConfig, pretrain  # the tasks' generators: only to pretrain
 

@@ -110,7 +110,7 @@ class ChatFormat:
         return close + self._enc(text[len(self._base_text) :])
 
     def decode(self, action_ids: list[int]) -> str:
-        return self.tok.decode(action_ids, skip_special_tokens=True)
+        return str(self.tok.decode(action_ids, skip_special_tokens=True))
 
     def _prove(self) -> None:
         """Raise ValueError unless the deltas of 3-turn probes equal the template's whole rendering's ids."""
@@ -143,4 +143,4 @@ class ChatFormat:
 
     def _pieces(self, ids: list[int]) -> list[str]:
         """Each token's text: where a boundary tokenises differently, the joined text alone hides it."""
-        return [self.tok.decode([i]) for i in ids]
+        return [str(self.tok.decode([i])) for i in ids]

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from engine.envs.base import Env
 from engine.rollout.chat import ChatFormat
@@ -43,7 +43,10 @@ def _never(_traj: Trajectory, _version: int) -> str | None:
     return None
 
 
-async def _timed(aw: Awaitable, timeout_s: float) -> tuple[object, float]:
+T = TypeVar("T")
+
+
+async def _timed(aw: Awaitable[T], timeout_s: float) -> tuple[T, float]:
     t0 = time.perf_counter()
     async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancellation
         out = await aw

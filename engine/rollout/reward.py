@@ -59,7 +59,7 @@ class RewardScorer:
         if inspect.isawaitable(value):
             async with asyncio.timeout(self.timeout_s):
                 value = await value
-        return float(value)  # type: ignore[arg-type]
+        return float(value)
 
     async def __call__(self, traj: Trajectory) -> Trajectory:
         """Set `traj.reward`, or mark the trajectory FAILED with the reason."""

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -22,6 +22,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from engine.precision import Precision, resolve_dtype
 from engine.train.batch import TrainBatch, token_logprobs
 from engine.train.grpo import LossAgg, policy_loss
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin
+
+    class CausalLM(PreTrainedModel, GenerationMixin):
+        """The trainer's model, statically: an HF causal LM, or a module with its edges (MegatronLM)."""
+
 
 ClipTo = Literal["proximal", "behaviour"]
 
@@ -115,6 +122,10 @@ class TorchTrainer:
         if staged == [True, False]:
             raise ValueError(
                 "ref_model: a policy that runs its own micro-batches (MegatronLM) needs one that does"
+            )
+        if staged == [False, True]:  # the trainer scores an HF policy's reference itself, as an HF model
+            raise ValueError(
+                "ref_model: a reference that runs its own micro-batches (MegatronLM) needs a policy that does"
             )
         if self.ref_model is not None:
             self.ref_model.requires_grad_(False)
@@ -327,7 +338,8 @@ class TorchTrainer:
     def greedy_generate(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """Greedy continuation of `prompt_ids` (new tokens only), via plain HF `generate`; for checks."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        out = self.model.generate(
+        # transformers types generate's self as a Protocol (GenerativePreTrainedModel) its models do not match
+        out = self.model.generate(  # type: ignore[misc]
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
         )
         return out[0, len(prompt_ids) :].tolist()
@@ -358,11 +370,14 @@ def _decoded(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail], dim=1)
 
 
-def _load(source: ModelSource, device: torch.device) -> PreTrainedModel | torch.nn.Module:
+def _load(source: ModelSource, device: torch.device) -> CausalLM:
+    """The model of `source` on `device`, in eval mode. A module that is no HF causal LM (MegatronLM)
+    stands in for one: it has the same edges (ModelSource)."""
+    model: torch.nn.Module
     if isinstance(source, str | Path):
         if not Path(source).is_dir():
             raise ValueError(f"model directory {source} does not exist (the trainer loads local models only)")
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
     else:
         model = source
-    return model.to(device).eval()
+    return cast("CausalLM", model.to(device).eval())

@@ -113,7 +113,7 @@ def make_buckets(
                 bucket[filled[entry.bucket] : entry.offset].zero_()
                 _view(bucket, entry).copy_(tensor)
                 filled[entry.bucket] = entry.offset + entry.nbytes
-    return Manifest(version, sizes, entries), [memoryview(b.numpy()) for b in buffers]
+    return Manifest(version, sizes, entries), [b.numpy().data for b in buffers]
 
 
 def _view(bucket: torch.Tensor, entry: TensorEntry) -> torch.Tensor:

@@ -89,13 +89,14 @@ class MetadataStore:
 
     @staticmethod
     def _usage(c: Connection) -> dict[str, tuple[int, int]]:
-        used = dict(
-            c.execute(
+        used: dict[str, int | None] = {
+            pool: units
+            for pool, units in c.execute(
                 select(bindings.c.pool, func.sum(bindings.c.units))
                 .where(bindings.c.state == "active")
                 .group_by(bindings.c.pool)
             ).all()
-        )
+        }
         return {
             n: (int(used.get(n) or 0), cap) for n, cap in c.execute(select(pools.c.name, pools.c.capacity))
         }
@@ -117,7 +118,7 @@ class MetadataStore:
             for pool in candidates:
                 used, cap = usage.get(pool, (0, 0))
                 if used + units <= cap:
-                    values = dict(
+                    values: dict[str, Any] = dict(
                         run=run,
                         worker=worker,
                         role=role,
@@ -128,8 +129,9 @@ class MetadataStore:
                         state="active",
                         replaces=replaces,
                     )
-                    new_id = c.execute(bindings.insert().values(**values)).inserted_primary_key[0]
-                    return BindingRow(id=new_id, node=None, **values)
+                    key = c.execute(bindings.insert().values(**values)).inserted_primary_key
+                    assert key is not None  # a one-row INSERT always has its primary key
+                    return BindingRow(id=key[0], node=None, **values)
             free = ", ".join(f"{p} {usage.get(p, (0, 0))[1] - usage.get(p, (0, 0))[0]}" for p in candidates)
             raise PoolsExhausted(f"{role} worker {worker}: needs {units} unit(s); free units: {free}")
 

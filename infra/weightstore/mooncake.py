@@ -159,7 +159,7 @@ class MooncakeStore(WeightStore):
             self._store.unregister_buffer(ptr)
         if got != size:
             raise WeightStoreError(f"mooncake get {key!r}: read {got} bytes, expected {size} (overwritten?)")
-        return memoryview(out)
+        return out.data
 
     def exists(self, key: str) -> bool:
         return bool(_check(self._store.is_exist(key), "exists", key))

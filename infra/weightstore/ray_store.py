@@ -46,7 +46,8 @@ class RayObjectStore(WeightStore):
     def __init__(self, name: str = "rollart-weightstore", namespace: str = "rollart") -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayObjectStore needs a connected Ray driver or worker: call ray.init() first")
-        self._table = _KeyTable.options(
+        # ray types @ray.remote(**options) as keeping the class as it is; it makes an ActorClass
+        self._table = _KeyTable.options(  # type: ignore[attr-defined]
             name=name, namespace=namespace, lifetime="detached", get_if_exists=True
         ).remote()
 

@@ -103,7 +103,7 @@ def _split_qkv(qkv: Tensor, a: Arch) -> tuple[Tensor, Tensor, Tensor]:
     rest = qkv.shape[1:]
     grouped = qkv.reshape(a.groups, (per + 2) * a.head_dim, *rest)
     q, k, v = grouped.split([per * a.head_dim, a.head_dim, a.head_dim], dim=1)
-    return tuple(t.reshape(-1, *rest).contiguous() for t in (q, k, v))  # type: ignore[return-value]
+    return tuple(t.reshape(-1, *rest).contiguous() for t in (q, k, v))
 
 
 def to_megatron(hf: Mapping[str, Tensor], a: Arch) -> dict[str, Tensor]:

@@ -65,7 +65,7 @@ def install() -> bool:
     if not isinstance(mp_random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):  # shim 2
         mp_random._CUDA_RNG_STATE_TRACKER = CpuRngTracker()
         mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    torch.cuda.synchronize = _no_streams  # type: ignore[assignment]  # shim 3
+    torch.cuda.synchronize = _no_streams  # shim 3
     return True
 
 

@@ -64,6 +64,15 @@ def test_a_megatron_policy_needs_a_megatron_kl_reference(
         TorchTrainer(MegatronLM(tmp_path), TrainerConfig(kl_beta=0.1), ref_model=tmp_path)
 
 
+def test_an_hf_policy_refuses_a_megatron_kl_reference(
+    tmp_path: Path, tiny_model: Callable[..., PreTrainedModel]
+) -> None:
+    # the trainer scores an HF policy's reference itself, through HF-only calls a MegatronLM lacks
+    tiny_model().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="a reference that runs its own micro-batches"):
+        TorchTrainer(tmp_path, TrainerConfig(kl_beta=0.1), ref_model=MegatronLM(tmp_path))
+
+
 def test_pipeline_parallel_needs_the_megatron_backend_and_as_many_workers() -> None:
     with pytest.raises(ConfigError) as e:
         load_config(FROZENLAKE, ["backends.pipeline_parallel=2"])
