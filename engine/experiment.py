@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.actor_args import rollout_args, store_bytes, threads, trainer_args
 from engine.config import ExperimentConfig
+from engine.config.resources import Role
 from engine.core.cluster import Cluster
 from engine.core.nodes import missing_pools
 from engine.core.resources import ResourceManager, ray_resource
@@ -304,7 +305,7 @@ class Experiment:
         host = self.cfg.network.host
         return node_address() if host == "auto" else host
 
-    def _threads(self, role: str) -> int:
+    def _threads(self, role: Role) -> int:
         rc = self.cfg.resources.roles[role]
         pool = next(p for p in self.cfg.resources.pools if p.name == rc.pool)
         return threads(rc.threads, self.cfg.train.mode, pool.cores)

@@ -62,6 +62,18 @@ class RoleConfig(Strict):
     )
 
 
+Role = Literal["actor_train", "actor_gen", "reward", "environment"]
+
+
+def _default_roles() -> dict[Role, RoleConfig]:
+    return {
+        "actor_train": RoleConfig(pool="compute"),
+        "actor_gen": RoleConfig(pool="bandwidth"),
+        "reward": RoleConfig(pool="cpu"),
+        "environment": RoleConfig(pool="cpu"),
+    }
+
+
 class ResourcesConfig(Strict):
     pools: list[PoolConfig] = Field(
         default_factory=lambda: [
@@ -71,13 +83,8 @@ class ResourcesConfig(Strict):
             PoolConfig(name="serverless", kind="serverless", capacity=4),
         ]
     )
-    roles: dict[Literal["actor_train", "actor_gen", "reward", "environment"], RoleConfig] = Field(
-        default_factory=lambda: {
-            "actor_train": RoleConfig(pool="compute"),
-            "actor_gen": RoleConfig(pool="bandwidth"),
-            "reward": RoleConfig(pool="cpu"),
-            "environment": RoleConfig(pool="cpu"),
-        },
+    roles: dict[Role, RoleConfig] = Field(
+        default_factory=_default_roles,
         description="where each role's workers run; `environment` (the env loops, scheduler and sample "
         "buffer: one worker) defaults to the first cpu pool when not given",
     )
