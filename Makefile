@@ -20,10 +20,14 @@ install: $(STAMP)
 # fills. --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
 TEST_WORKERS ?= 2
 
+# mypy (about 65 CPU-seconds without its cache) runs beside pytest, whose processes mostly wait, so the
+# type check adds little to the wall time; its output is printed after pytest's and either failing fails.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15
+	@$(VENV)/bin/mypy > $(TMPDIR)/mypy.log 2>&1 & mypy=$$!; \
+	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15; rc=$$?; \
+	wait $$mypy; mypy_rc=$$?; echo "mypy:"; cat $(TMPDIR)/mypy.log; \
+	test $$rc -eq 0 -a $$mypy_rc -eq 0
 
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/unit -q
