@@ -257,7 +257,7 @@ async def rollout_step(
             elapsed = loop.time() - t0
         except TimeoutError:
             raise RuntimeError(
-                f"rollout step unfinished after {timeout_s:.0f} s: {dict(scheduler.counts)}"
+                f"rollout step unfinished after {timeout_s:.0f} s: {dict(scheduler.ledger.counts)}"
             ) from None
         finally:
             scheduler.stop()
@@ -267,8 +267,8 @@ async def rollout_step(
     return StepResult(
         elapsed / unit_s,
         elapsed,
-        scheduler.drain_finished(),
-        dict(scheduler.counts),
+        scheduler.ledger.drain_finished(),
+        dict(scheduler.ledger.counts),
         proxy.summary(),
         mean_gen,
     )

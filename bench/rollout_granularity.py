@@ -226,7 +226,7 @@ async def rollout_step(
             elapsed = loop.time() - t0
         except TimeoutError:
             raise RuntimeError(f"{granularity} rollout (T={turns}, σ={sigma}) unfinished after "
-                               f"{timeout_s:.0f} s: {dict(scheduler.counts)}") from None  # fmt: skip
+                               f"{timeout_s:.0f} s: {dict(scheduler.ledger.counts)}") from None  # fmt: skip
         finally:
             scheduler.stop()
             await runner

@@ -112,7 +112,7 @@ class RolloutService:
             return groups
         batch.cancel()
         self._runner.result()  # re-raises if the scheduler crashed
-        raise RuntimeError(f"rollout stopped: {self.scheduler.fatal or 'the scheduler ended'}")
+        raise RuntimeError(f"rollout stopped: {self.scheduler.ledger.fatal or 'the scheduler ended'}")
 
     async def advance(self, version: int) -> int:
         return await self.scheduler.advance(version)
@@ -131,7 +131,7 @@ class RolloutService:
         self.scheduler.restore(state)
 
     def _drain(self) -> list[Trajectory]:
-        finished = self.scheduler.drain_finished()
+        finished = self.scheduler.ledger.drain_finished()
         self.bias.ended(finished)
         for t in finished:
             if t.turns:
@@ -165,7 +165,7 @@ class RolloutService:
                 "status": dict(Counter(t.status.value for t in trajs)),
             }
         return {
-            "counts": dict(self.scheduler.counts),
+            "counts": dict(self.scheduler.ledger.counts),
             "buffer": self.buffer.stats.as_dict(),
             "buffered": len(self.buffer),
             "reward": dict(self.reward.counts),

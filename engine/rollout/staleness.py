@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.types import Trajectory
+from engine.types import Failure, FailureReason, Trajectory
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,11 @@ class StalenessPolicy:
     def min_start_version(self, version: int) -> int:
         return version - self.alpha
 
-    def stale(self, traj: Trajectory, version: int) -> str | None:
-        """Reason to abort `traj` when the next batch is taken at trainer version `version`, or None."""
+    def stale(self, traj: Trajectory, version: int) -> Failure | None:
+        """Why to abort `traj` when the next batch is taken at trainer version `version`, or None."""
         if self.per_step and 0 <= traj.start_version < self.min_start_version(version):
-            return f"stale: started at v{traj.start_version}, next batch at v{version}, alpha {self.alpha}"
+            why = f"started at v{traj.start_version}, next batch at v{version}, alpha {self.alpha}"
+            return Failure(FailureReason.STALE, why)
         return None
 
     def may_start(self, live_groups: int, batch_groups: int, serving: int, next_batch: int) -> bool:
