@@ -49,6 +49,7 @@ from bench.report import (
     save_figure,
     write_json,
 )
+from engine.modes import policy
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
@@ -98,9 +99,10 @@ def _runs(text: str) -> tuple[tuple[str, int], ...]:
     out = []
     for item in text.split(","):
         mode, _, alpha = item.strip().partition(":")
-        if mode not in ("sync", "sync+", "one-off", "areal", "rollart"):
-            raise argparse.ArgumentTypeError(f"unknown mode {mode!r} in {text!r}")
-        default = {"one-off": 1}.get(mode, 0 if mode.startswith("sync") else 1)
+        try:
+            default = policy(mode).alpha(1)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"unknown mode {mode!r} in {text!r}") from None
         out.append((mode, int(alpha) if alpha else default))
     return tuple(out)
 

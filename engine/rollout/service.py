@@ -14,6 +14,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
+from engine import modes
 from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
@@ -53,7 +54,7 @@ class RolloutService:
         tasks: list[TaskSpec],
         tokenizer_dir: str,
         proxy: Any,
-        mode: str,
+        mode: modes.Mode,
         alpha: int,
         concurrency: int,
         redundancy: int,
@@ -68,7 +69,7 @@ class RolloutService:
 
         tokenizer = load_tokenizer(tokenizer_dir)
         policy = StalenessPolicy(mode, alpha)
-        sync_like = mode in ("sync", "sync+", "one-off")
+        behaviour = modes.policy(mode)
         self.buffer = SampleBuffer(alpha, evict_on_advance=policy.per_step, check_on_get=policy.per_step)
         self.reward = reward or RewardScorer()
         self.scheduler = RolloutScheduler(
@@ -83,8 +84,8 @@ class RolloutService:
             redundancy,
             batch_groups=batch_groups,
             seed=seed,
-            granularity="batch" if mode == "sync" else granularity,
-            gated_waves=sync_like,
+            granularity="batch" if behaviour.lockstep else granularity,
+            gated_waves=behaviour.waves,
             drop_uniform=drop_uniform,
         )
         self._runner: asyncio.Task[None] | None = None

@@ -19,23 +19,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import modes
 from engine.types import Failure, FailureReason, Trajectory
 
 
 @dataclass(frozen=True)
 class StalenessPolicy:
-    mode: str
+    mode: modes.Mode
     alpha: int
 
     @property
     def per_step(self) -> bool:
-        """Abort in-flight and buffered trajectories at every version bump."""
-        return self.mode != "areal"
+        """Abort in-flight and buffered trajectories at every version bump (`ModePolicy.aborts_at_bump`)."""
+        return modes.policy(self.mode).aborts_at_bump
 
     @property
     def admission(self) -> bool:
-        """Gate the start of new groups on the batch they will land in (both continuous modes)."""
-        return self.mode in ("areal", "rollart")
+        """Gate the start of new groups on the batch they will land in (`ModePolicy.admission`)."""
+        return modes.policy(self.mode).admission
 
     def min_start_version(self, version: int) -> int:
         return version - self.alpha
