@@ -61,6 +61,7 @@ from bench.report import (
     publish,
     save_figure,
 )
+from engine.modes import policy
 
 PAPER_SPEEDUP = (2.65, 4.58)  # RollArt end-to-end throughput over the synchronous baseline
 FULL = replace(RunSettings(), rounds=5)  # 5 seeds per mode
@@ -106,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def mode_alpha(mode: str, alpha: int) -> int:
     """The bound each mode runs under: sync modes are on-policy, one-off is one step behind by design."""
-    return {"sync": 0, "sync+": 0, "one-off": 1}.get(mode, alpha)
+    return policy(mode).alpha(alpha)
 
 
 def ideal_step_s(rollout_s: float, train_s: float, exposed_sync_s: float) -> float:
@@ -193,7 +194,7 @@ def order_violations(results: Runs, seed: int = 0) -> list[str]:
     present = [m for m in MODE_ORDER if m in tps]
     out = []
     for a, b in itertools.pairwise(present):
-        if a in ("sync", "sync+"):
+        if policy(a).on_policy:
             if tps[a] >= tps[b]:
                 out.append(f"{a} {tps[a]:.0f} >= {b} {tps[b]:.0f} tokens/s")
             continue

@@ -28,9 +28,10 @@ from typing import Any
 
 from bench.report import at_least, median_ci
 from engine.envs.base import Env
+from engine.modes import Mode
 from engine.rollout.scheduler import TaskSpec
 
-MODE_ORDER = ("sync", "sync+", "one-off", "areal", "rollart")
+MODE_ORDER = tuple(Mode)  # sync, sync+, one-off, areal, rollart: the order throughput is expected in
 SEED_STRIDE = 10_000  # between rounds' seeds: far more than the envs one run builds, so no draw is shared
 MEDIAN_KEYS = (  # a run's numbers that `summarize_runs` takes the median of over rounds
     "step_s",

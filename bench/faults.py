@@ -191,7 +191,7 @@ async def _drive(proto: Any, s: Settings) -> tuple[list[float], int, str]:
 
 def _counts(stats: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """A run's fault counts from the rollout's stats and the proxy's summary."""
-    from engine.rollout.scheduler import unended
+    from engine.rollout.ledger import unended
 
     c, reward = stats["counts"], stats["reward"]
     return {

@@ -238,8 +238,8 @@ async def rollout_step(
     return StepResult(
         elapsed / unit_s,
         elapsed,
-        scheduler.drain_finished(),
-        dict(scheduler.counts),
+        scheduler.ledger.drain_finished(),
+        dict(scheduler.ledger.counts),
         proxy.summary(),
         mean_gen,
     )
@@ -295,7 +295,9 @@ async def run_to_batch(
         batch = await buffer.get_batch(groups, current_version=0, timeout_s=timeout_s)
         elapsed = loop.time() - t0
     except TimeoutError:
-        raise RuntimeError(f"{what} unfinished after {timeout_s:.0f} s: {dict(scheduler.counts)}") from None
+        raise RuntimeError(
+            f"{what} unfinished after {timeout_s:.0f} s: {dict(scheduler.ledger.counts)}"
+        ) from None
     finally:
         scheduler.stop()
         await runner

@@ -48,6 +48,7 @@ from bench.report import (
     publish,
     save_figure,
 )
+from engine.modes import policy
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
@@ -97,9 +98,10 @@ def _runs(text: str) -> tuple[tuple[str, int], ...]:
     out = []
     for item in text.split(","):
         mode, _, alpha = item.strip().partition(":")
-        if mode not in ("sync", "sync+", "one-off", "areal", "rollart"):
-            raise argparse.ArgumentTypeError(f"unknown mode {mode!r} in {text!r}")
-        default = {"one-off": 1}.get(mode, 0 if mode.startswith("sync") else 1)
+        try:
+            default = policy(mode).alpha(1)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"unknown mode {mode!r} in {text!r}") from None
         out.append((mode, int(alpha) if alpha else default))
     return tuple(out)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine import modes
 from engine.config import ExperimentConfig, TaskConfig
 from engine.envs.base import Env
 from engine.envs.registry import SANDBOX_ENVS
@@ -24,15 +25,15 @@ def store_bytes(model_dir: Path, versions: int = 3) -> int:
     return max(256 << 20, versions * weights + (64 << 20))
 
 
-def threads(n: int, mode: str, pool_cores: list[int] | None = None) -> int:
+def threads(n: int, mode: modes.Mode, pool_cores: list[int] | None = None) -> int:
     """A role's CPU threads: `n`, else one per core of its pool where the pool lists them, else every
-    core of this machine where training and generation take turns (sync, sync+), half of them where they
-    run at once (each busy role spinning on every core made a 1.2M-parameter train step 3x slower on 2
-    cores than one thread each)."""
+    core of this machine where training and generation take turns (`ModePolicy.on_policy`: sync, sync+),
+    half of them where they run at once (each busy role spinning on every core made a 1.2M-parameter
+    train step 3x slower on 2 cores than one thread each)."""
     if n or pool_cores:
         return n or len(pool_cores or [])
     cores = os.cpu_count() or 1
-    return cores if mode in ("sync", "sync+") else max(1, cores // 2)
+    return cores if modes.policy(mode).on_policy else max(1, cores // 2)
 
 
 def sandbox_args(cfg: ExperimentConfig) -> dict[str, Any]:

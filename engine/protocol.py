@@ -10,9 +10,10 @@
                    steps 2–5: the batch is taken, so training does not wait for the workers' update;
                    then the new version is published and prefetched
 
-Modes are the same code with different overlap: `sync`/`sync+` keep rollout out of training (one
-gated wave per step; `sync` runs each wave in lockstep turns), `one-off` releases the next wave before
-training (one step of overlap), `areal` and `rollart` roll out continuously under their bound.
+Modes are the same code with different overlap (`engine/modes.py` `ModePolicy`): `sync`/`sync+` keep
+rollout out of training (one gated wave per step, `on_policy`; `sync` runs each wave in lockstep turns),
+`one-off` releases the next wave before training (one step of overlap), `areal` and `rollart` roll out
+continuously under their bound.
 Every collaborator is awaited through `acall`, so they may be Ray actors or local objects. A generation
 worker that died is being restarted by Ray; weight calls to it wait for the restart (`_on_worker`), up
 to `restart_wait_s`. One Ray cannot place again (its node is gone) is then left out and counted
@@ -29,9 +30,9 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from engine import modes
 from engine.core.handles import acall
 
-MODES = ("sync", "sync+", "one-off", "areal", "rollart")
 Phase = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 
@@ -48,22 +49,16 @@ class IterationProtocol:
     def __init__(
         self,
         c: Collaborators,
-        mode: str,
+        mode: modes.Mode,
         batch_groups: int,
         get_batch_timeout_s: float | None = None,
         restart_wait_s: float = 120.0,
     ):
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-        self.c, self.mode, self.batch_groups = c, mode, batch_groups
+        self.c, self.policy, self.batch_groups = c, modes.policy(mode), batch_groups
         self.timeout_s = get_batch_timeout_s
         self.restart_wait_s = restart_wait_s
         self.serving_version = -1
         self.unavailable: set[int] = set()  # generation workers (indices) left out of weight updates
-
-    @property
-    def waves(self) -> bool:
-        return self.mode in ("sync", "sync+", "one-off")
 
     async def serve_trainer(self) -> int:
         """Publish the trainer's weights and make every generation worker serve them. Returns the version."""
@@ -77,7 +72,7 @@ class IterationProtocol:
         version = await self.serve_trainer()
         await acall(self.c.rollout, "advance", version)
         await acall(self.c.rollout, "start")
-        if self.waves:
+        if self.policy.waves:
             await acall(self.c.rollout, "release_wave", 1)
         return version
 
@@ -162,8 +157,8 @@ class IterationProtocol:
         async def sync_weights() -> dict[str, float]:  # suspend -> update -> resume, then the bound
             out = await self._apply(version)
             await acall(self.c.rollout, "advance", version)
-            if self.mode == "one-off":
-                await acall(self.c.rollout, "release_wave", 1)  # the next batch is made during training
+            if self.policy.waves and not self.policy.on_policy:  # one-off: the next batch is made
+                await acall(self.c.rollout, "release_wave", 1)  # while this one trains (one step behind)
             return out
 
         async def train_step() -> dict[str, Any]:
@@ -177,7 +172,7 @@ class IterationProtocol:
         # the workers' update (in sync and sync+ the last step's next_wave made it already: nothing to do)
         sync, metrics = await _both(run("sync_weights", sync_weights), run("train_step", train_step))
         publish = await run("publish_weights", self._publish_and_prefetch)
-        if self.mode in ("sync", "sync+"):
+        if self.policy.on_policy:
 
             async def next_wave() -> dict[str, float]:  # on-policy: the next wave uses the new weights
                 out = await self._apply(version + 1)

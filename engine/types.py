@@ -58,6 +58,45 @@ class TrajStatus(enum.StrEnum):
     FAILED = "failed"  # env/reward/generation failure; never reaches a batch
 
 
+class FailureReason(enum.StrEnum):
+    """Why a trajectory ended FAILED or ABORTED (`Failure.reason`)."""
+
+    EPISODE_ERROR = "episode_error"  # FAILED: the env or the generation engine raised mid-episode
+    ENV_INIT = "env_init"  # FAILED: the env could not be built
+    ENV_TIMEOUT = "env_timeout"  # FAILED: an env reset or step took too long
+    OBSERVATION_TOO_LONG = "observation_too_long"  # FAILED: not one turn fits the context
+    REWARD_FAILED = "reward_failed"  # FAILED: the scorer kept failing
+    REWARD_NOT_FINITE = "reward_not_finite"  # FAILED: NaN or infinite score
+    GENERATION_ABORTED = "generation_aborted"  # ABORTED by the engine
+    STALE = "stale"  # ABORTED: started too long ago for the next batch (staleness bound)
+    REDUNDANT = "redundant"  # ABORTED: the group's first G members are known without it
+    GROUP_DROPPED = "group_dropped"  # ABORTED: its group was dropped whole (`detail` says why)
+    SHUTDOWN = "shutdown"  # ABORTED: the rollout stopped
+    CANCELLED_BEFORE_START = "cancelled_before_start"  # ABORTED before its episode began
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a trajectory ended FAILED or ABORTED: the `reason` code branches on and counts, and the text a
+    person reads. `error` is the type name of the exception behind it, where one was raised."""
+
+    reason: FailureReason
+    detail: str = ""  # e.g. the exception's message, or the versions behind a stale abort
+    error: str = ""
+
+    @property
+    def counted_as(self) -> str:
+        """The scheduler counts a failed member as `member_failed_<this>`: an error raised mid-episode by
+        its exception's type (which fault it is), any other failure by its reason."""
+        return self.error if self.reason is FailureReason.EPISODE_ERROR else self.reason.value
+
+    def __str__(self) -> str:
+        """`reason: error: detail`, leaving out what is empty; an error raised mid-episode is named by its
+        exception alone (`RuntimeError: sandbox died`)."""
+        head = "" if self.reason is FailureReason.EPISODE_ERROR else self.reason.value
+        return ": ".join(part for part in (head, self.error, self.detail) if part)
+
+
 @dataclass
 class Turn:
     """One (observation, action) exchange. Token ids are the exact delta appended to the context."""
@@ -83,7 +122,7 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     status: TrajStatus = TrajStatus.RUNNING
     reward: float | None = None  # score from the reward stage
-    failure: str = ""  # reason, when FAILED or ABORTED
+    failure: Failure | None = None  # when FAILED or ABORTED
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 

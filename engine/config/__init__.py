@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from engine import modes
 from engine.config.base import ConfigError, Probability, Strict, apply_overrides, format_errors, repeated
 from engine.config.resources import (
     GPU_KINDS,
@@ -46,8 +47,6 @@ __all__ = [
     "apply_overrides",
     "load_config",
 ]
-
-Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
 
 
 class ModelConfig(Strict):
@@ -106,7 +105,7 @@ class TrainConfig(Strict):
     batch_groups: int = Field(4, ge=1, description="GRPO groups per training step")
     micro_batch: int = Field(16, ge=1)
     alpha: int = Field(1, ge=0, description="staleness bound: train only on samples started at >= n - alpha")
-    mode: Mode = "rollart"
+    mode: modes.Mode = modes.Mode.ROLLART
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)
     clip_to: Literal["proximal", "behaviour"] = Field(
@@ -135,22 +134,25 @@ class TrainConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _fixed_alpha(cls, data: Any) -> Any:
-        """The sync modes are on-policy (α = 0) and one-off one step behind (α = 1) by construction."""
-        if isinstance(data, dict) and data.get("mode") in _FIXED_ALPHA and "alpha" not in data:
-            return {**data, "alpha": _FIXED_ALPHA[data["mode"]]}
+        """A mode that fixes α gets it (`ModePolicy.fixed_alpha`): the sync modes are on-policy (α = 0),
+        one-off one step behind (α = 1) by construction. An unknown mode is refused later, by name."""
+        if isinstance(data, dict) and "alpha" not in data and data.get("mode") in _MODE_NAMES:
+            fixed = modes.policy(data["mode"]).fixed_alpha
+            if fixed is not None:
+                return {**data, "alpha": fixed}
         return data
 
     @model_validator(mode="after")
     def _mode_alpha(self) -> TrainConfig:
         """Another α for a mode that fixes it would have nothing behind it; rollart at α = 0 would abort
         every trajectory in flight at each bump and never fill a batch."""
-        fixed = _FIXED_ALPHA.get(self.mode)
+        fixed = modes.policy(self.mode).fixed_alpha
         if fixed is not None and self.alpha != fixed:
             raise ValueError(
                 f"alpha: mode {self.mode} always runs at alpha {fixed}, "
                 f"got {self.alpha} (drop it or set {fixed})"
             )
-        if self.mode in ("rollart", "areal") and self.alpha == 0:
+        if fixed is None and self.alpha == 0:
             raise ValueError(
                 f"alpha: {self.mode} needs alpha >= 1 — the workers serve the new weights only after a batch "
                 "is taken, so at 0 no group could ever start (for on-policy training use mode sync+)"
@@ -158,7 +160,7 @@ class TrainConfig(Strict):
         return self
 
 
-_FIXED_ALPHA = {"sync": 0, "sync+": 0, "one-off": 1}
+_MODE_NAMES = frozenset(mode.value for mode in modes.Mode)
 
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"  # a Kubernetes resource quantity

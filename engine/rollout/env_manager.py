@@ -18,9 +18,18 @@ from typing import Protocol, TypeVar
 
 from engine.envs.base import Env
 from engine.rollout.chat import ChatFormat
-from engine.types import GenOutput, GenRequest, SamplingParams, Trajectory, TrajStatus, Turn
+from engine.types import (
+    Failure,
+    FailureReason,
+    GenOutput,
+    GenRequest,
+    SamplingParams,
+    Trajectory,
+    TrajStatus,
+    Turn,
+)
 
-AbortCheck = Callable[[Trajectory, int], str | None]  # (trajectory, version just served) -> reason
+AbortCheck = Callable[[Trajectory, int], Failure | None]  # (trajectory, version just served) -> why
 
 
 class Generator(Protocol):
@@ -39,7 +48,7 @@ class TurnLimits:
     response_prefix: str = ""
 
 
-def _never(_traj: Trajectory, _version: int) -> str | None:
+def _never(_traj: Trajectory, _version: int) -> Failure | None:
     return None
 
 
@@ -75,22 +84,26 @@ class EnvManager:
         try:
             await self._play(traj)
         except TimeoutError:
-            self._end(traj, TrajStatus.FAILED, "env_timeout")
+            self._end(traj, TrajStatus.FAILED, Failure(FailureReason.ENV_TIMEOUT))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken env or engine fails this trajectory, never the run
-            self._end(traj, TrajStatus.FAILED, f"{type(e).__name__}: {str(e)[:200]}")
+            failure = Failure(FailureReason.EPISODE_ERROR, str(e)[:200], type(e).__name__)
+            self._end(traj, TrajStatus.FAILED, failure)
         finally:
             traj.timings["total_s"] = time.perf_counter() - t0
         return traj
 
     @staticmethod
-    def _end(traj: Trajectory, status: TrajStatus, reason: str = "") -> None:
+    def _end(traj: Trajectory, status: TrajStatus, failure: Failure | None = None) -> None:
         traj.status = status
-        if status == TrajStatus.TRUNCATED:
-            traj.info["truncated"] = reason
-        elif reason:
-            traj.failure = reason
+        if failure:
+            traj.failure = failure
+
+    @staticmethod
+    def _truncate(traj: Trajectory, why: str) -> None:
+        traj.status = TrajStatus.TRUNCATED
+        traj.info["truncated"] = why
 
     async def _play(self, traj: Trajectory) -> None:
         lim = self.limits
@@ -101,13 +114,16 @@ class EnvManager:
             return self._end(
                 traj,
                 TrajStatus.FAILED,
-                f"observation_too_long: {len(obs_ids)} prompt tokens + {lim.max_tokens} to generate "
-                f"> max_context {lim.max_context}",
+                Failure(
+                    FailureReason.OBSERVATION_TOO_LONG,
+                    f"{len(obs_ids)} prompt tokens + {lim.max_tokens} to generate "
+                    f"> max_context {lim.max_context}",
+                ),
             )
         context = list(obs_ids)
         for turn_no in range(lim.max_turns):
             if len(context) + lim.max_tokens > lim.max_context:
-                return self._end(traj, TrajStatus.TRUNCATED, "max_context")
+                return self._truncate(traj, "max_context")
             request = GenRequest(
                 request_id=f"{traj.traj_id}/{turn_no}",
                 prompt_ids=context,
@@ -124,7 +140,7 @@ class EnvManager:
             out = await self.gen.generate(request)  # no timeout here: the proxy/engine own retries
             gen_s = time.perf_counter() - t_gen
             if out.finish_reason == "abort":
-                return self._end(traj, TrajStatus.ABORTED, "generation_aborted")
+                return self._end(traj, TrajStatus.ABORTED, Failure(FailureReason.GENERATION_ABORTED))
             if traj.start_version < 0:
                 traj.start_version = out.version
             action = lim.response_prefix + self.chat.decode(out.token_ids)  # the reply as the env reads it
@@ -138,9 +154,9 @@ class EnvManager:
                 gen_s=gen_s,
             )
             traj.turns.append(turn)
-            reason = self.should_abort(traj, out.version)
-            if reason:
-                return self._end(traj, TrajStatus.ABORTED, reason)
+            stale = self.should_abort(traj, out.version)
+            if stale:
+                return self._end(traj, TrajStatus.ABORTED, stale)
             step, turn.env_s = await _timed(self.env.step(action), lim.env_timeout_s)
             turn.env_reward = float(step.reward)
             traj.timings["env_s"] += turn.env_s
@@ -151,4 +167,4 @@ class EnvManager:
             obs = step.observation
             obs_ids = self.chat.next(str(obs), out.token_ids) + self._prefix_ids
             context = context + out.token_ids + obs_ids
-        return self._end(traj, TrajStatus.TRUNCATED, "max_turns")
+        return self._truncate(traj, "max_turns")

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from engine.types import Trajectory, TrajStatus
+from engine.types import Failure, FailureReason, Trajectory, TrajStatus
 
 ScoreFn = Callable[[Trajectory], "float | Awaitable[float]"]
 
@@ -63,7 +63,7 @@ class RewardScorer:
 
     async def __call__(self, traj: Trajectory) -> Trajectory:
         """Set `traj.reward`, or mark the trajectory FAILED with the reason."""
-        last = ""
+        last = Failure(FailureReason.REWARD_FAILED)
         for attempt in range(self.retries + 1):
             if attempt:
                 self.counts["retries"] += 1
@@ -73,15 +73,16 @@ class RewardScorer:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # any scorer failure is retried, then counted
-                last = f"{type(e).__name__}: {str(e)[:200]}"
+                last = Failure(FailureReason.REWARD_FAILED, str(e)[:200], type(e).__name__)
                 continue
             if not math.isfinite(value):
                 self.counts["failed_not_finite"] += 1
-                traj.status, traj.failure = TrajStatus.FAILED, f"reward_not_finite: {value}"
+                traj.status = TrajStatus.FAILED
+                traj.failure = Failure(FailureReason.REWARD_NOT_FINITE, str(value))
                 return traj
             traj.reward = value
             self.counts["scored"] += 1
             return traj
         self.counts["failed"] += 1
-        traj.status, traj.failure = TrajStatus.FAILED, f"reward_failed: {last}"
+        traj.status, traj.failure = TrajStatus.FAILED, last
         return traj

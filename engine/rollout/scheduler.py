@@ -8,10 +8,9 @@ the group can still be completed, else the whole group is dropped — a partial 
 With `drop_uniform`, a group whose G rewards are all equal (no GRPO signal) is dropped and counted.
 A dropped group gives its admission place back; in the wave modes a replacement joins the wave.
 Each finished trajectory is scored at once (async reward) and put into the buffer; nothing waits for
-a batch. Tasks are sampled by weight from a seeded RNG, saved and restored with `state()`. Every
-member started is counted once when it ends (`trajectories_<status>`, failures also as
-`member_failed_<reason>`), one cancelled before it ran or while being scored included, so after
-`run()` returns started == ended: nothing is lost.
+a batch. Tasks are sampled by weight from a seeded RNG, saved and restored with `state()`. Every member
+and group is counted in the `RolloutLedger` (engine/rollout/ledger.py): after `run()` returns, every
+member started has ended and was counted, and the scheduler gives up when nothing but failures come back.
 
 The staleness policy is applied at every version bump (`advance`): in-flight trajectories that
 started too long ago are aborted, and the buffer evicts old groups; in the continuous modes (`areal`,
@@ -24,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,18 +32,13 @@ from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import EnvManager, Generator, TurnLimits
 from engine.rollout.group_run import GroupRun
+from engine.rollout.ledger import GroupDrop, RolloutLedger
 from engine.rollout.lockstep import LockstepGenerator
 from engine.rollout.staleness import StalenessPolicy
-from engine.types import Trajectory, TrajStatus
+from engine.types import Failure, FailureReason, Trajectory, TrajStatus
 
 RewardFn = Callable[[Trajectory], Awaitable[Trajectory]]  # scores in place, or marks FAILED
 EnvFactory = Callable[["TaskSpec"], Env]
-
-
-def unended(counts: dict[str, int]) -> int:
-    """Members started but not (yet) ended, from the scheduler's counts; 0 once `run()` returned."""
-    ended = sum(v for k, v in counts.items() if k.startswith("trajectories_") and k != "trajectories_started")
-    return counts.get("trajectories_started", 0) - ended
 
 
 @dataclass(frozen=True)
@@ -97,11 +90,8 @@ class RolloutScheduler:
                 f"rollout.concurrency must be >= {wave}, got {concurrency}"
             )
         self.granularity = granularity
-        self.max_consecutive_failures = max_consecutive_failures
         self.drop_uniform = drop_uniform
-        self.fatal = ""  # why the scheduler gave up (every env failing), surfaced by the service
-        self._failures_in_a_row = 0
-        self._uniform_in_a_row = 0
+        self.ledger = RolloutLedger(max_consecutive_failures, self.stop)
         # Wave mode: groups start `batch_groups` at a time, the next wave when the last one is over.
         # Batch granularity runs each wave in lockstep; gated waves (sync modes) also wait for a permit.
         self.waves = granularity == "batch" or gated_waves
@@ -110,8 +100,6 @@ class RolloutScheduler:
         self._wave_gen: LockstepGenerator | None = None  # the current wave's, in batch granularity
         self.rng = random.Random(seed)
         self.version = 0  # serving version (set by advance)
-        self.counts: Counter[str] = Counter()
-        self.finished: deque[Trajectory] = deque(maxlen=100_000)  # ended trajectories, drained for metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._groups: dict[str, GroupRun] = {}
         self._live: dict[str, Trajectory] = {}  # running trajectories by id
@@ -155,11 +143,6 @@ class RolloutScheduler:
         self._stop.set()
         self._wake.set()
 
-    def drain_finished(self) -> list[Trajectory]:
-        out = list(self.finished)
-        self.finished.clear()
-        return out
-
     async def advance(self, version: int) -> int:
         """The serving version is now `version`: abort in-flight members and evict buffered groups that
         the next batch cannot take. The next batch is `version`'s at a (re)start, else the one after the
@@ -177,7 +160,7 @@ class RolloutScheduler:
                     traj.failure = reason
                     task.cancel()
                     aborted += 1
-        self.counts["aborted_stale_in_flight"] += aborted
+        self.ledger.counts["aborted_stale_in_flight"] += aborted
         await self.buffer.advance(horizon)
         self._wake.set()
         return aborted
@@ -197,9 +180,7 @@ class RolloutScheduler:
                     if self._wave_permits is not None:
                         self._wave_permits -= 1
                     return self._new_wave()
-            elif self.policy.may_start(
-                self._live_groups(), self.batch_groups, self.version, self.buffer.next_batch
-            ):
+            elif self._admitted():
                 return self._new_group()
             self._wake.clear()
             await self._wake.wait()
@@ -209,20 +190,12 @@ class RolloutScheduler:
         """A wave (the previous one over) may start: the sync modes gate it by permits; the continuous
         modes at batch granularity by the staleness bound, as they admit single groups (a wave is one
         batch of groups, so its first group's batch is the wave's)."""
-        if self._wave_permits is not None:
-            return True
-        return self.policy.may_start(
-            self._live_groups(), self.batch_groups, self.version, self.buffer.next_batch
-        )
+        return self._wave_permits is not None or self._admitted()
 
-    def _live_groups(self) -> int:
-        """Groups started that may still reach the trainer and have not yet: not taken by a batch, not
-        dropped, not evicted from the buffer as stale. Counting what left (rather than versions) keeps
-        the gate right after a resume, and a group that will never arrive gives its place back, or
-        the trainer would wait forever."""
-        dropped = sum(v for k, v in self.counts.items() if k.startswith("groups_dropped_"))
-        gone = dropped + self.buffer.stats.complete_groups_evicted + self.buffer.stats.groups_returned
-        return self.counts["groups_started"] - gone  # this process's (a restored run's ids go on)
+    def _admitted(self) -> bool:
+        """The staleness bound admits one more group (`StalenessPolicy.may_start`)."""
+        live = self.ledger.live_groups(self.buffer.stats)
+        return self.policy.may_start(live, self.batch_groups, self.version, self.buffer.next_batch)
 
     def _new_group(self) -> GroupRun:
         task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
@@ -235,7 +208,7 @@ class RolloutScheduler:
         self._next_group += 1
         self._groups[g.group_id] = g
         self.buffer.expect(g.group_id)
-        self.counts["groups_started"] += 1
+        self.ledger.group_started()
         return g
 
     def state(self) -> dict[str, Any]:
@@ -261,7 +234,7 @@ class RolloutScheduler:
             self._wave_gen = LockstepGenerator(self.gen, sum(g.to_launch for g in groups))
             for g in groups:
                 g.gen = self._wave_gen
-        self.counts["waves"] += 1
+        self.ledger.counts["waves"] += 1
         return groups[0]
 
     def _replacement(self) -> GroupRun:
@@ -270,7 +243,7 @@ class RolloutScheduler:
             g.gen = self._wave_gen
             for _ in range(g.to_launch):
                 self._wave_gen.join()
-        self.counts["groups_replaced"] += 1
+        self.ledger.counts["groups_replaced"] += 1
         return g
 
     def _launch(self, g: GroupRun) -> None:
@@ -284,7 +257,7 @@ class RolloutScheduler:
         member = g.running[traj.traj_id] = asyncio.create_task(self._member(g, traj))
         self._members.add(member)
         member.add_done_callback(lambda t: self._ended(g, traj, t))
-        self.counts["trajectories_started"] += 1
+        self.ledger.member_started()
 
     # -- one member --------------------------------------------------------------------------------
     async def _member(self, g: GroupRun, traj: Trajectory) -> None:
@@ -296,14 +269,14 @@ class RolloutScheduler:
             await self._settle(g, traj)
         except asyncio.CancelledError:  # stopped while being scored or filed: never reaches a batch
             if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
-                traj.status, traj.failure = TrajStatus.ABORTED, "shutdown"
+                traj.status, traj.failure = TrajStatus.ABORTED, Failure(FailureReason.SHUTDOWN)
             raise
 
     async def _judge(self, g: GroupRun, traj: Trajectory) -> None:
         """Score a member that ended well, then wait until launch order says whether it is one of the
         group's first G; a redundant one ends ABORTED ("redundant"), unscored if that was known first."""
         if g.closed or g.verdict(traj.traj_id) == "redundant":
-            traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
+            traj.status, traj.failure = TrajStatus.ABORTED, Failure(FailureReason.REDUNDANT)
             return
         g.ok += 1
         await self.reward(traj)
@@ -314,12 +287,12 @@ class RolloutScheduler:
         g.notify()
         if g.first_g_known():  # the first G are known: cancel the rest
             g.to_launch = 0
-            self._cancel(g, "redundant")
+            self._cancel(g, Failure(FailureReason.REDUNDANT))
         while (verdict := g.verdict(traj.traj_id)) is None and not g.closed:
             await g.changed.wait()
         if verdict == "redundant":
             g.ok -= 1
-            traj.status, traj.failure = TrajStatus.ABORTED, "redundant"
+            traj.status, traj.failure = TrajStatus.ABORTED, Failure(FailureReason.REDUNDANT)
 
     def _ended(self, g: GroupRun, traj: Trajectory, task: asyncio.Task[None]) -> None:
         """Every member task ends here and is counted once, even one cancelled before it ran."""
@@ -330,20 +303,9 @@ class RolloutScheduler:
             self._live.pop(traj.traj_id)
             g.running.pop(traj.traj_id, None)
             self._slots.release()
-            traj.status, traj.failure = TrajStatus.ABORTED, traj.failure or "cancelled_before_start"
-        self.finished.append(traj)
-        self.counts[f"trajectories_{traj.status.value}"] += 1
-        self._watch_failures(traj)
-
-    def _watch_failures(self, traj: Trajectory) -> None:
-        """Give up, loudly, when nothing but failures come back (a broken env or engine), not hang."""
-        if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
-            self._failures_in_a_row = 0
-        elif traj.status == TrajStatus.FAILED:
-            self._failures_in_a_row += 1
-            if self._failures_in_a_row >= self.max_consecutive_failures and not self.fatal:
-                self.fatal = f"{self._failures_in_a_row} trajectories in a row failed; last: {traj.failure}"
-                self.stop()
+            traj.status = TrajStatus.ABORTED
+            traj.failure = traj.failure or Failure(FailureReason.CANCELLED_BEFORE_START)
+        self.ledger.member_ended(traj)
 
     async def _play(self, g: GroupRun, traj: Trajectory) -> None:
         env: Env | None = None
@@ -360,9 +322,10 @@ class RolloutScheduler:
             await manager.run(traj)
         except asyncio.CancelledError:
             traj.status = TrajStatus.ABORTED
-            traj.failure = traj.failure or "shutdown"
+            traj.failure = traj.failure or Failure(FailureReason.SHUTDOWN)
         except Exception as e:  # the env could not even be built
-            traj.status, traj.failure = TrajStatus.FAILED, f"env_init: {type(e).__name__}: {e}"
+            traj.status = TrajStatus.FAILED
+            traj.failure = Failure(FailureReason.ENV_INIT, str(e), type(e).__name__)
         finally:
             self._slots.release()
             self._live.pop(traj.traj_id, None)
@@ -380,19 +343,19 @@ class RolloutScheduler:
         if traj.status in (TrajStatus.DONE, TrajStatus.TRUNCATED):
             return await self._file(g, traj)
         if traj.status == TrajStatus.FAILED:
-            self.counts[f"member_failed_{traj.failure.split(':')[0]}"] += 1
-        if traj.failure.startswith("stale"):
-            return await self._drop(g, "stale")  # its siblings are as old: refilling would not help
+            self.ledger.member_failed(traj)
+        if traj.failure is not None and traj.failure.reason is FailureReason.STALE:
+            return await self._drop(g, GroupDrop.STALE)  # its siblings are as old: refilling would not help
         short = g.task.group_size - g.ok - len(g.running) - g.to_launch
         if short <= 0 or self._stop.is_set():
             return None
         if g.launched + short - g.task.group_size - self.redundancy > self.max_refills:
-            return await self._drop(g, "incomplete")
+            return await self._drop(g, GroupDrop.INCOMPLETE)
         g.to_launch += short
         for _ in range(short):
             if isinstance(g.gen, LockstepGenerator):
                 g.gen.join()
-        self.counts["members_refilled"] += short
+        self.ledger.counts["members_refilled"] += short
         self._wake.set()
         return None
 
@@ -401,37 +364,33 @@ class RolloutScheduler:
         in it is the same and uniform groups are dropped (no GRPO advantage: nothing to learn)."""
         last = g.kept == g.task.group_size - 1
         if last and self.drop_uniform and all(r == traj.reward for r in g.rewards):
-            self._uniform_in_a_row += 1
-            if self._uniform_in_a_row >= self.max_consecutive_failures and not self.fatal:
-                self.fatal = f"{self._uniform_in_a_row} groups in a row had uniform rewards (drop_uniform)"
-                self.stop()
-            return await self._drop(g, "uniform")
+            self.ledger.uniform_group()
+            return await self._drop(g, GroupDrop.UNIFORM)
         if not await self.buffer.put(traj, g.task.group_size):
-            return await self._drop(g, "evicted")  # e.g. the buffer evicted the group as stale
+            return await self._drop(g, GroupDrop.EVICTED)  # e.g. the buffer evicted the group as stale
         g.kept += 1
         g.rewards.append(traj.reward or 0.0)
         if last:
-            self._uniform_in_a_row = 0
-            self._close(g, "complete")
+            self._close(g)
         return None
 
-    def _cancel(self, g: GroupRun, reason: str) -> None:
+    def _cancel(self, g: GroupRun, failure: Failure) -> None:
         for traj_id, task in g.running.items():
             if traj_id in self._live:
-                self._live[traj_id].failure = self._live[traj_id].failure or reason
+                self._live[traj_id].failure = self._live[traj_id].failure or failure
             task.cancel()
 
-    async def _drop(self, g: GroupRun, why: str) -> None:
-        self._cancel(g, f"group_dropped_{why}")
+    async def _drop(self, g: GroupRun, why: GroupDrop) -> None:
+        self._cancel(g, Failure(FailureReason.GROUP_DROPPED, why))
         await self.buffer.drop_group(g.group_id, f"group_{why}")
-        self._close(g, f"dropped_{why}")
+        self._close(g, why)
         if self.waves and not self._stop.is_set():
             self._replacements += 1
 
-    def _close(self, g: GroupRun, how: str) -> None:
+    def _close(self, g: GroupRun, dropped: GroupDrop | None = None) -> None:
         g.closed = True
         g.to_launch = 0
-        self.counts[f"groups_{how}"] += 1
+        self.ledger.group_closed(dropped)
         self._groups.pop(g.group_id, None)
         g.notify()  # held members of a dropped group stop waiting for their place
         self._wake.set()

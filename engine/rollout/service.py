@@ -14,6 +14,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
+from engine import modes
 from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
@@ -53,7 +54,7 @@ class RolloutService:
         tasks: list[TaskSpec],
         tokenizer_dir: str,
         proxy: Any,
-        mode: str,
+        mode: modes.Mode,
         alpha: int,
         concurrency: int,
         redundancy: int,
@@ -68,7 +69,7 @@ class RolloutService:
 
         tokenizer = load_tokenizer(tokenizer_dir)
         policy = StalenessPolicy(mode, alpha)
-        sync_like = mode in ("sync", "sync+", "one-off")
+        behaviour = modes.policy(mode)
         self.buffer = SampleBuffer(alpha, evict_on_advance=policy.per_step, check_on_get=policy.per_step)
         self.reward = reward or RewardScorer()
         self.scheduler = RolloutScheduler(
@@ -83,8 +84,8 @@ class RolloutService:
             redundancy,
             batch_groups=batch_groups,
             seed=seed,
-            granularity="batch" if mode == "sync" else granularity,
-            gated_waves=sync_like,
+            granularity="batch" if behaviour.lockstep else granularity,
+            gated_waves=behaviour.waves,
             drop_uniform=drop_uniform,
         )
         self._runner: asyncio.Task[None] | None = None
@@ -112,7 +113,7 @@ class RolloutService:
             return groups
         batch.cancel()
         self._runner.result()  # re-raises if the scheduler crashed
-        raise RuntimeError(f"rollout stopped: {self.scheduler.fatal or 'the scheduler ended'}")
+        raise RuntimeError(f"rollout stopped: {self.scheduler.ledger.fatal or 'the scheduler ended'}")
 
     async def advance(self, version: int) -> int:
         return await self.scheduler.advance(version)
@@ -131,7 +132,7 @@ class RolloutService:
         self.scheduler.restore(state)
 
     def _drain(self) -> list[Trajectory]:
-        finished = self.scheduler.drain_finished()
+        finished = self.scheduler.ledger.drain_finished()
         self.bias.ended(finished)
         for t in finished:
             if t.turns:
@@ -165,7 +166,7 @@ class RolloutService:
                 "status": dict(Counter(t.status.value for t in trajs)),
             }
         return {
-            "counts": dict(self.scheduler.counts),
+            "counts": dict(self.scheduler.ledger.counts),
             "buffer": self.buffer.stats.as_dict(),
             "buffered": len(self.buffer),
             "reward": dict(self.reward.counts),

@@ -19,31 +19,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.types import Trajectory
+from engine import modes
+from engine.types import Failure, FailureReason, Trajectory
 
 
 @dataclass(frozen=True)
 class StalenessPolicy:
-    mode: str
+    mode: modes.Mode
     alpha: int
 
     @property
     def per_step(self) -> bool:
-        """Abort in-flight and buffered trajectories at every version bump."""
-        return self.mode != "areal"
+        """Abort in-flight and buffered trajectories at every version bump (`ModePolicy.aborts_at_bump`)."""
+        return modes.policy(self.mode).aborts_at_bump
 
     @property
     def admission(self) -> bool:
-        """Gate the start of new groups on the batch they will land in (both continuous modes)."""
-        return self.mode in ("areal", "rollart")
+        """Gate the start of new groups on the batch they will land in (`ModePolicy.admission`)."""
+        return modes.policy(self.mode).admission
 
     def min_start_version(self, version: int) -> int:
         return version - self.alpha
 
-    def stale(self, traj: Trajectory, version: int) -> str | None:
-        """Reason to abort `traj` when the next batch is taken at trainer version `version`, or None."""
+    def stale(self, traj: Trajectory, version: int) -> Failure | None:
+        """Why to abort `traj` when the next batch is taken at trainer version `version`, or None."""
         if self.per_step and 0 <= traj.start_version < self.min_start_version(version):
-            return f"stale: started at v{traj.start_version}, next batch at v{version}, alpha {self.alpha}"
+            why = f"started at v{traj.start_version}, next batch at v{version}, alpha {self.alpha}"
+            return Failure(FailureReason.STALE, why)
         return None
 
     def may_start(self, live_groups: int, batch_groups: int, serving: int, next_batch: int) -> bool:

@@ -151,7 +151,7 @@ def test_every_class_member_named_in_the_docs_exists() -> None:
 def test_the_parser_finds_paths_names_and_lists(tmp_path: Path) -> None:
     doc = tmp_path / "d.md"
     doc.write_text(
-        "Run `engine/protocol.py` `IterationProtocol.step`, `MODES` and\n"
+        "Run `engine/protocol.py` `IterationProtocol.step`, `Phase` and\n"
         "`Collaborators` (not `acall`: prose ends the list) from `engine/` with `x.py`.\n"
         "\n"
         "```\n`engine/nowhere.py` `Nothing`\n```\n"
@@ -161,9 +161,9 @@ def test_the_parser_finds_paths_names_and_lists(tmp_path: Path) -> None:
     assert paths == ["engine/protocol.py", "engine/", "x.py", "engine/types.py"]
     assert pairs == [
         ("engine/protocol.py", "IterationProtocol.step"),
-        ("engine/protocol.py", "MODES"),
+        ("engine/protocol.py", "Phase"),
         ("engine/protocol.py", "Collaborators"),
     ]
     names = defined_names(ROOT / "engine/protocol.py")
-    assert {"IterationProtocol", "IterationProtocol.step", "MODES", "Collaborators.rollout"} <= names
+    assert {"IterationProtocol", "IterationProtocol.step", "Phase", "Collaborators.rollout"} <= names
     assert "IterationProtocol.nope" not in names

@@ -9,7 +9,7 @@ import ray
 
 from engine.config import load_config
 from engine.experiment import Experiment
-from engine.rollout.scheduler import unended
+from engine.rollout.ledger import unended
 from tests.integration.runs import G, ray_for, start, steps, tiny_config
 
 

@@ -25,7 +25,7 @@ from engine.config import load_config
 from engine.core.nodes import parse_pools
 from engine.core.resources import ray_resource
 from engine.experiment import Experiment
-from engine.rollout.scheduler import unended
+from engine.rollout.ledger import unended
 from infra.serve import deploy_function, new_token
 from tests.integration.runs import G, start, steps, tiny_config
 

@@ -67,11 +67,11 @@ def test_ideal_step_is_the_longer_phase_plus_exposed_sync():
 
 
 def test_pairs_are_taken_seed_by_seed_and_refused_across_seeds():
-    results = {"a": runs_of("a", [300.0, 200.0]), "b": runs_of("b", [100.0, 50.0])}
-    assert paired(results, "a", "b", lambda x, y: x / y) == [3.0, 4.0]
-    results["b"][1]["seed"] = 7
+    results = {"rollart": runs_of("rollart", [300.0, 200.0]), "areal": runs_of("areal", [100.0, 50.0])}
+    assert paired(results, "rollart", "areal", lambda x, y: x / y) == [3.0, 4.0]
+    results["areal"][1]["seed"] = 7
     with pytest.raises(ValueError, match="different seeds"):
-        paired(results, "a", "b", lambda x, y: x - y)
+        paired(results, "rollart", "areal", lambda x, y: x - y)
 
 
 def test_rows_are_medians_over_seeds_with_intervals_and_a_speedup_paired_by_seed():
@@ -144,7 +144,8 @@ def test_the_ideal_uses_rollarts_sync_when_it_is_the_smallest_and_needs_sync_plu
 
 
 def order_of(**tps: list[float]) -> dict[str, list[dict]]:
-    return {m.replace("_", "-").replace("plus", "+"): runs_of(m, t) for m, t in tps.items()}
+    modes = {m: m.replace("_", "-").replace("plus", "+") for m in tps}  # one_off=... is one-off's
+    return {modes[m]: runs_of(modes[m], t) for m, t in tps.items()}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from engine.experiment import Experiment
 from engine.models.tiny import init_model
 from engine.rollout.judge import make_judge, serverless_scorer
 from engine.rollout.reward import RewardScorer, judge_payload
-from engine.types import Trajectory, TrajStatus, Turn
+from engine.types import FailureReason, Trajectory, TrajStatus, Turn
 from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient
 from tasks.setup import deploy_reward
@@ -62,7 +62,7 @@ async def test_judge_scores_on_the_endpoint_like_the_same_judge_run_locally(judg
     scorer = RewardScorer(serverless_scorer(client), retries=1)
     first = await scorer(trajectory("a", "<answer>5</answer>"))
     again = await scorer(trajectory("b", "<answer>5</answer>"))
-    assert first.status == again.status == TrajStatus.DONE and first.failure == ""
+    assert first.status == again.status == TrajStatus.DONE and first.failure is None
     assert first.reward in (0.0, 1.0) and again.reward == first.reward
     assert replica_count("judge") == 1 and client.attempts == 2 and scorer.counts == {"scored": 2}
     local = make_judge(model_dir)
@@ -77,8 +77,9 @@ async def test_judge_error_is_retried_then_marks_the_trajectory_failed(judge_end
     t = await RewardScorer(serverless_scorer(client), retries=0)(empty)
     assert t.status == TrajStatus.FAILED and t.reward is None and client.attempts == 2
     # the endpoint's own reason reaches the trajectory's failure
-    assert t.failure.startswith("reward_failed: ServerlessError: ") and "HTTP 500" in t.failure
-    assert "has no turns to judge" in t.failure
+    assert t.failure is not None and t.failure.reason is FailureReason.REWARD_FAILED
+    assert t.failure.error == "ServerlessError" and "HTTP 500" in t.failure.detail
+    assert "has no turns to judge" in t.failure.detail
 
 
 def _untokened_status(url: str) -> int:

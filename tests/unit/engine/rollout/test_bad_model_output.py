@@ -7,7 +7,7 @@ from engine.envs.frozenlake import FrozenLakeEnv
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import EnvManager, TurnLimits
 from engine.rollout.reward import RewardScorer
-from engine.types import GenOutput, GenRequest, Trajectory, TrajStatus
+from engine.types import Failure, FailureReason, GenOutput, GenRequest, Trajectory, TrajStatus
 from tests.unit.engine.rollout.fakes import tokenizer
 
 LIMITS = TurnLimits(max_turns=3, max_tokens=8, max_context=1024)
@@ -64,7 +64,8 @@ class LongObservation(Env):
 async def test_a_first_observation_longer_than_the_context_fails_the_member_with_the_reason():
     t = await play(LongObservation(2000), [5])
     assert t.status == TrajStatus.FAILED and t.turns == []
-    assert t.failure.startswith("observation_too_long: ") and "> max_context 1024" in t.failure
+    assert t.failure is not None and t.failure.reason is FailureReason.OBSERVATION_TOO_LONG
+    assert "> max_context 1024" in t.failure.detail
 
 
 async def test_a_nan_or_infinite_env_reward_fails_the_member_at_scoring():
@@ -73,5 +74,6 @@ async def test_a_nan_or_infinite_env_reward_fails_the_member_at_scoring():
         assert t.status == TrajStatus.DONE
         scorer = RewardScorer()
         await scorer(t)
-        assert t.status == TrajStatus.FAILED and t.failure.startswith("reward_not_finite")
+        assert t.status == TrajStatus.FAILED
+        assert t.failure == Failure(FailureReason.REWARD_NOT_FINITE, str(bad))
         assert scorer.counts["failed_not_finite"] == 1 and t.reward is None

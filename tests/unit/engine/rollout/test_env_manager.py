@@ -4,7 +4,7 @@ from engine.envs.base import Env, EnvStep
 from engine.envs.frozenlake import FrozenLakeEnv
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import EnvManager, TurnLimits
-from engine.types import Trajectory, TrajStatus
+from engine.types import Failure, FailureReason, Trajectory, TrajStatus
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
 
 OPTIMAL = ["Down", "Down", "Right", "Right", "Down", "Right"]  # standard 4x4 map, not slippery
@@ -72,24 +72,27 @@ class Broken(Env):
 async def test_env_errors_and_hangs_fail_the_trajectory_with_a_reason():
     gen = ScriptedGenerator(lambda k: "x")
     t = await manager(Broken("reset"), gen).run(Trajectory("t", "g", "b", 0))
-    assert t.status == TrajStatus.FAILED and t.failure == "RuntimeError: sandbox died"
+    assert t.status == TrajStatus.FAILED
+    assert t.failure == Failure(FailureReason.EPISODE_ERROR, "sandbox died", "RuntimeError")
     t = await manager(Broken("step"), gen).run(Trajectory("t", "g", "b", 0))
-    assert t.status == TrajStatus.FAILED and t.failure == "OSError: pipe closed"
+    assert t.status == TrajStatus.FAILED and str(t.failure) == "OSError: pipe closed"
     limits = TurnLimits(max_turns=3, max_tokens=4, max_context=1024, env_timeout_s=0.05)
     t = await manager(Broken("step", hang=True), gen, limits).run(Trajectory("t", "g", "b", 0))
-    assert t.status == TrajStatus.FAILED and t.failure == "env_timeout"
+    assert t.status == TrajStatus.FAILED and t.failure == Failure(FailureReason.ENV_TIMEOUT)
 
 
 async def test_should_abort_is_checked_after_every_generation():
     gen = ScriptedGenerator(lambda k: "Right")
     seen = []
 
-    def stale_after_two(traj: Trajectory, version: int) -> str | None:
+    stale = Failure(FailureReason.STALE, "test")
+
+    def stale_after_two(traj: Trajectory, version: int) -> Failure | None:
         seen.append(len(traj.turns))
-        return "stale" if len(traj.turns) == 2 else None
+        return stale if len(traj.turns) == 2 else None
 
     t = await manager(FrozenLakeEnv(), gen, should_abort=stale_after_two).run(Trajectory("t", "g", "f", 0))
-    assert t.status == TrajStatus.ABORTED and t.failure == "stale" and seen == [1, 2]
+    assert t.status == TrajStatus.ABORTED and t.failure is stale and seen == [1, 2]
 
 
 async def test_a_response_prefix_is_context_and_the_env_reads_the_whole_reply():

@@ -72,7 +72,7 @@ def test_batch_granularity_waits_for_the_slowest_env_every_turn():
     assert traj_s == pytest.approx(0.1) and batch_s == pytest.approx(0.3)  # the sum of per-turn maxima
     # the first wave's 4 members asked for each of their 3 turns as one batch
     first_wave = [r for r in gen.requests if r.request_id.split(".")[0] in ("g0", "g1")]
-    assert len(first_wave) == 12 and s.counts["waves"] >= 1
+    assert len(first_wave) == 12 and s.ledger.counts["waves"] >= 1
 
 
 def test_batch_granularity_needs_room_for_a_whole_wave():

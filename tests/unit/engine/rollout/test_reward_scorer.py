@@ -1,7 +1,7 @@
 import math
 
 from engine.rollout.reward import RewardScorer, TaskScores, judge_payload
-from engine.types import Trajectory, TrajStatus, Turn
+from engine.types import Failure, FailureReason, Trajectory, TrajStatus, Turn
 
 
 def finished(reward: float = 0.5) -> Trajectory:
@@ -36,14 +36,16 @@ async def test_scorer_that_keeps_failing_marks_the_trajectory_failed_with_reason
     scorer = RewardScorer(broken, retries=2, backoff_s=0.001)
     t = await scorer(finished())
     assert t.status == TrajStatus.FAILED and t.reward is None
-    assert t.failure == "reward_failed: ValueError: judge crashed"
+    assert t.failure == Failure(FailureReason.REWARD_FAILED, "judge crashed", "ValueError")
+    assert str(t.failure) == "reward_failed: ValueError: judge crashed"
     assert scorer.counts == {"retries": 2, "failed": 1}
 
 
 async def test_non_finite_reward_is_a_failure_not_a_number():
     for bad in (math.nan, math.inf):
         t = await RewardScorer(lambda traj, bad=bad: bad)(finished())
-        assert t.status == TrajStatus.FAILED and t.failure.startswith("reward_not_finite")
+        assert t.status == TrajStatus.FAILED
+        assert t.failure == Failure(FailureReason.REWARD_NOT_FINITE, str(bad))
 
 
 async def test_slow_scorer_times_out_and_is_retried():
@@ -53,7 +55,8 @@ async def test_slow_scorer_times_out_and_is_retried():
         await asyncio.sleep(10)
 
     t = await RewardScorer(slow, retries=1, backoff_s=0.001, timeout_s=0.02)(finished())
-    assert t.status == TrajStatus.FAILED and t.failure == "reward_failed: TimeoutError: "
+    assert t.status == TrajStatus.FAILED
+    assert t.failure == Failure(FailureReason.REWARD_FAILED, "", "TimeoutError")
 
 
 def test_judge_payload_is_json_friendly():

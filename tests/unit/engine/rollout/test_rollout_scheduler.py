@@ -11,7 +11,7 @@ from engine.rollout.env_manager import TurnLimits
 from engine.rollout.reward import RewardScorer
 from engine.rollout.scheduler import RolloutScheduler, TaskSpec
 from engine.rollout.staleness import StalenessPolicy
-from engine.types import TrajStatus
+from engine.types import Failure, FailureReason, TrajStatus
 from tests.simulated import on_simulated_clock
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
 from tests.waiting import settled, until
@@ -74,7 +74,7 @@ def scheduler(delays, tasks=None, concurrency=6, redundancy=0, mode="rollart", a
 async def run_until(s, cond, timeout=5.0):
     """Runs the scheduler until `cond()` holds (within `timeout` s of loop time), then stops it."""
     runner = asyncio.ensure_future(s.run())
-    await until(cond, timeout, state=lambda: s.counts)
+    await until(cond, timeout, state=lambda: s.ledger.counts)
     s.stop()
     await asyncio.wait_for(runner, 5)
 
@@ -82,9 +82,9 @@ async def run_until(s, cond, timeout=5.0):
 async def settled_starts(s, complete: int) -> int:
     """Groups started once `complete` groups have completed and the scheduler has settled: it started
     every group it was going to start on that, and nothing else is ready to run."""
-    await until(lambda: s.counts["groups_complete"] >= complete, 2, state=lambda: s.counts)
+    await until(lambda: s.ledger.counts["groups_complete"] >= complete, 2, state=lambda: s.ledger.counts)
     await settled()
-    return s.counts["groups_started"]
+    return s.ledger.counts["groups_started"]
 
 
 @on_simulated_clock
@@ -101,10 +101,10 @@ async def test_redundant_members_first_g_kept_rest_cancelled():
     await runner
     assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
     assert elapsed == pytest.approx(0.04)  # m3's step ended it: no wait for the two 2-second stragglers
-    done = [t for t in s.finished if t.group_id == "g0"]
+    done = [t for t in s.ledger.finished if t.group_id == "g0"]
     assert Counter(t.status for t in done) == {TrajStatus.DONE: 4, TrajStatus.ABORTED: 2}
-    assert {t.failure for t in done if t.status == TrajStatus.ABORTED} == {"redundant"}
-    assert s.counts["groups_complete"] == 1
+    assert {t.failure for t in done if t.status == TrajStatus.ABORTED} == {Failure(FailureReason.REDUNDANT)}
+    assert s.ledger.counts["groups_complete"] == 1
 
 
 @on_simulated_clock
@@ -116,8 +116,9 @@ async def test_redundancy_keeps_the_first_g_by_launch_order_not_the_fastest():
     await run_until(s, batch.done)
     [group] = batch.result()
     assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m1", "g0.m2", "g0.m3"]
-    spares = [t for t in s.finished if t.traj_id in ("g0.m4", "g0.m5")]
-    assert [(t.status, t.failure) for t in spares] == [(TrajStatus.ABORTED, "redundant")] * 2
+    spares = [t for t in s.ledger.finished if t.traj_id in ("g0.m4", "g0.m5")]
+    redundant = Failure(FailureReason.REDUNDANT)
+    assert [(t.status, t.failure) for t in spares] == [(TrajStatus.ABORTED, redundant)] * 2
 
 
 @on_simulated_clock
@@ -128,7 +129,7 @@ async def test_a_spare_takes_the_place_of_a_failed_member_in_launch_order():
     await run_until(s, batch.done)
     [group] = batch.result()  # m1 failed: m4 (slow) is next in line, not m5 (fast)
     assert sorted(m.traj_id for m in group.members) == ["g0.m0", "g0.m2", "g0.m3", "g0.m4"]
-    assert s.counts["members_refilled"] == 0
+    assert s.ledger.counts["members_refilled"] == 0
 
 
 @on_simulated_clock
@@ -142,7 +143,7 @@ async def test_a_group_with_uniform_rewards_is_dropped_and_replaced():
     await run_until(s, batch.done)
     [group] = batch.result()
     assert group.group_id == "g1" and sorted(m.reward for m in group.members) == [0.01, 0.02]
-    assert s.counts["groups_dropped_uniform"] == 1
+    assert s.ledger.counts["groups_dropped_uniform"] == 1
 
 
 @on_simulated_clock
@@ -161,8 +162,8 @@ async def test_a_dropped_group_of_a_wave_is_replaced_so_the_batch_fills():
     batch = asyncio.ensure_future(buf.get_batch(2, current_version=0))
     await run_until(s, batch.done)
     assert sorted(g.group_id for g in batch.result()) == ["g1", "g2"]
-    assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_replaced"] == 1
-    assert s.counts["waves"] == 1
+    assert s.ledger.counts["groups_dropped_incomplete"] == 1 and s.ledger.counts["groups_replaced"] == 1
+    assert s.ledger.counts["waves"] == 1
 
 
 def test_a_restored_scheduler_draws_the_problems_that_come_next():
@@ -185,7 +186,7 @@ async def test_failed_member_is_replaced_so_the_group_completes_whole():
     await run_until(s, batch.done)
     [group] = batch.result()
     assert [m.traj_id for m in group.members] == ["g0.m1", "g0.m2"]
-    assert s.counts["members_refilled"] == 1 and s.counts["member_failed_OSError"] == 1
+    assert s.ledger.counts["members_refilled"] == 1 and s.ledger.counts["member_failed_OSError"] == 1
 
 
 @on_simulated_clock
@@ -193,7 +194,7 @@ async def test_group_that_cannot_be_completed_is_dropped_whole():
     s, buf, _, _ = scheduler(
         lambda i: OSError("down"), tasks=[task(group_size=2)], concurrency=2, max_refills=2
     )
-    await run_until(s, lambda: s.counts["groups_dropped_incomplete"] >= 1)
+    await run_until(s, lambda: s.ledger.counts["groups_dropped_incomplete"] >= 1)
     assert buf.complete_groups() == [] and len(buf) == 0
 
 
@@ -201,7 +202,7 @@ async def test_group_that_cannot_be_completed_is_dropped_whole():
 async def test_concurrency_bound_is_kept_and_filled():
     OneStep.peak = OneStep.alive = 0
     s, *_ = scheduler(lambda i: 0.005, tasks=[task(group_size=2)], concurrency=3, batch_groups=10)
-    await run_until(s, lambda: s.counts["groups_complete"] >= 10)
+    await run_until(s, lambda: s.ledger.counts["groups_complete"] >= 10)
     assert OneStep.peak == 3 and OneStep.alive == 0
 
 
@@ -209,7 +210,7 @@ async def test_concurrency_bound_is_kept_and_filled():
 async def test_trajectories_stream_into_the_buffer_without_waiting_for_siblings():
     s, buf, _, _ = scheduler(lambda i: 0.01 if i == 0 else 1.0, tasks=[task(group_size=2)], concurrency=2)
     await run_until(s, lambda: buf.stats.put >= 1, timeout=0.9)  # the sibling is still in its 1 s step
-    assert s.counts["trajectories_started"] >= 2
+    assert s.ledger.counts["trajectories_started"] >= 2
 
 
 @pytest.mark.parametrize(("alpha", "aborted_at_bumps"), [(2, [0, 2]), (1, [2, 0])])
@@ -220,7 +221,10 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
     s, buf, *_ = scheduler(lambda i: 5.0, tasks=[task(group_size=2)], concurrency=2, alpha=alpha, version=0)
     runner = asyncio.ensure_future(s.run())
     await until(
-        lambda: s.counts["trajectories_started"] >= 2 and all(t.start_version >= 0 for t in s._live.values())
+        lambda: (
+            s.ledger.counts["trajectories_started"] >= 2
+            and all(t.start_version >= 0 for t in s._live.values())
+        )
     )
     # the trainer took batch v1 and the workers serve v1: the next batch is v2's, which may take v0 with
     # alpha 2, not with alpha 1; at v2 (batch v3) v0 is too old for both
@@ -231,9 +235,9 @@ async def test_version_bump_aborts_members_the_next_batch_cannot_take_and_drops_
     await settled()  # the aborted members have ended and their group is dropped
     s.stop()
     await runner
-    stale = [t for t in s.finished if t.failure.startswith("stale")]
+    stale = [t for t in s.ledger.finished if t.failure and t.failure.reason is FailureReason.STALE]
     assert len(stale) == 2 and all(t.status == TrajStatus.ABORTED for t in stale)
-    assert s.counts["groups_dropped_stale"] == 1 and s.counts["aborted_stale_in_flight"] == 2
+    assert s.ledger.counts["groups_dropped_stale"] == 1 and s.ledger.counts["aborted_stale_in_flight"] == 2
 
 
 @pytest.mark.parametrize("granularity", ["trajectory", "batch"])  # batch: waves of one batch, in lockstep
@@ -273,8 +277,10 @@ async def test_areal_admission_is_given_back_by_a_dropped_group():
         batch_groups=1,
         max_refills=1,
     )
-    await run_until(s, lambda: s.counts["groups_complete"] >= 1)  # would wait forever without the refund
-    assert s.counts["groups_dropped_incomplete"] == 1 and s.counts["groups_started"] == 2
+    await run_until(
+        s, lambda: s.ledger.counts["groups_complete"] >= 1
+    )  # would wait forever without the refund
+    assert s.ledger.counts["groups_dropped_incomplete"] == 1 and s.ledger.counts["groups_started"] == 2
 
 
 @on_simulated_clock
@@ -330,4 +336,4 @@ async def test_scheduler_gives_up_loudly_when_every_trajectory_fails():
         max_consecutive_failures=10,
     )
     await asyncio.wait_for(s.run(), 5)  # returns by itself instead of retrying forever
-    assert s.fatal == "10 trajectories in a row failed; last: OSError: no sandbox"
+    assert s.ledger.fatal == "10 trajectories in a row failed; last: OSError: no sandbox"

@@ -8,10 +8,11 @@ from engine.faults import FaultyEnvFactory, FaultyScore
 from engine.rollout.buffer import SampleBuffer
 from engine.rollout.chat import ChatFormat
 from engine.rollout.env_manager import TurnLimits
+from engine.rollout.ledger import unended
 from engine.rollout.reward import RewardScorer
-from engine.rollout.scheduler import RolloutScheduler, TaskSpec, unended
+from engine.rollout.scheduler import RolloutScheduler, TaskSpec
 from engine.rollout.staleness import StalenessPolicy
-from engine.types import TrajStatus
+from engine.types import FailureReason, TrajStatus
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
 
 G = 4
@@ -54,7 +55,7 @@ async def test_env_crashes_and_hangs_are_replaced_and_every_trained_group_is_who
     for g in batch:  # whole groups of distinct members, each played to the end and scored
         assert len(g.members) == G and len({m.traj_id for m in g.members}) == G
         assert all(m.status == TrajStatus.DONE and len(m.turns) == 3 and m.reward == 1.0 for m in g.members)
-    c = s.counts
+    c = s.ledger.counts
     crashed, hung = c["member_failed_InjectedEnvCrash"], c["member_failed_env_timeout"]
     assert crashed >= 5 and hung >= 2  # both faults happened (seeded)
     assert c["trajectories_failed"] == crashed + hung
@@ -67,9 +68,9 @@ async def test_redundancy_masks_failures_without_refills():
     faults = FaultsConfig(seed=5, env_step_crash=0.1)
     s, batch, _ = await collect(faults, groups=6, redundancy=2)
     assert all(len(g.members) == G for g in batch)
-    assert s.counts["member_failed_InjectedEnvCrash"] >= 2
-    assert s.counts["trajectories_aborted"] >= 1  # spare members cancelled once G had finished
-    assert unended(s.counts) == 0
+    assert s.ledger.counts["member_failed_InjectedEnvCrash"] >= 2
+    assert s.ledger.counts["trajectories_aborted"] >= 1  # spare members cancelled once G had finished
+    assert unended(s.ledger.counts) == 0
 
 
 async def test_reward_errors_and_timeouts_are_retried_then_the_member_is_dropped_and_replaced():
@@ -79,9 +80,9 @@ async def test_reward_errors_and_timeouts_are_retried_then_the_member_is_dropped
     assert all(len(g.members) == G and all(m.reward == 1.0 for m in g.members) for g in batch)
     assert reward.counts["retries"] >= 5  # errors and timeouts were retried ...
     dropped = reward.counts["failed"]  # ... and a member failing twice was dropped with its reason
-    assert dropped >= 1 and s.counts["member_failed_reward_failed"] == dropped
-    failed = [t for t in s.finished if t.failure.startswith("reward_failed")]
+    assert dropped >= 1 and s.ledger.counts["member_failed_reward_failed"] == dropped
+    failed = [t for t in s.ledger.finished if t.failure and t.failure.reason is FailureReason.REWARD_FAILED]
     assert len(failed) == dropped and all(t.status == TrajStatus.FAILED for t in failed)
-    assert {t.failure.split(":")[1].strip() for t in failed} <= {"InjectedRewardError", "TimeoutError"}
+    assert {t.failure.error for t in failed if t.failure} <= {"InjectedRewardError", "TimeoutError"}
     assert reward.counts["scored"] >= 6 * G
-    assert unended(s.counts) == 0
+    assert unended(s.ledger.counts) == 0
