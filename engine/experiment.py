@@ -10,8 +10,6 @@ and die with the driver; a resumed run starts new ones and restores their state 
 from __future__ import annotations
 
 import os
-import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,8 @@ from engine.actor_args import rollout_args, store_bytes, threads, trainer_args
 from engine.config import ExperimentConfig
 from engine.config.resources import Role
 from engine.core.cluster import Cluster
-from engine.core.nodes import missing_pools
+from engine.core.handles import wait_gone
+from engine.core.nodes import missing_pools, rendezvous
 from engine.core.resources import ResourceManager, ray_resource
 from engine.envs.base import Env
 from engine.faults import FaultyTrainWorker
@@ -226,7 +225,7 @@ class Experiment:
                 "training": cfg.backends.training,
                 "tensor_parallel": tp,
                 "pipeline_parallel": pp,
-                "rendezvous": _rendezvous() if tp * pp > 1 else None,
+                "rendezvous": rendezvous() if tp * pp > 1 else None,
                 "faults": cfg.faults.model_dump(),
                 **common,
             },
@@ -363,7 +362,7 @@ class Experiment:
                 serve.shutdown()
                 self._own_serve = False
         if self.proxy is not None:
-            _wait_gone(self.namespace, ["llm-proxy"])
+            wait_gone(self.namespace, ["llm-proxy"])
         self.proxy = None
         self.rm.release_all()
 
@@ -373,29 +372,3 @@ class Experiment:
         if self._ray is not None:
             ray.shutdown()
             self._ray = None
-
-
-def _rendezvous() -> str:
-    """Where the trainer's model-parallel ranks meet: a free loopback port, so all of them must be on this
-    node (tensor parallelism exchanges activations every layer: it belongs within a node)."""
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    if len(nodes) > 1:
-        raise ValueError(
-            f"backends.tensor_parallel × pipeline_parallel > 1 runs its ranks on the driver's node; this Ray "
-            f"cluster has {len(nodes)} nodes, and placing the ranks together there is not implemented yet"
-        )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _wait_gone(namespace: str, names: list[str], timeout_s: float = 30.0) -> None:
-    """Wait until the named actors are dead (Ray releases a killed actor's name asynchronously)."""
-    deadline = time.monotonic() + timeout_s
-    for name in names:
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(name, namespace=namespace)
-            except ValueError:
-                break
-            time.sleep(0.05)

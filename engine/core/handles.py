@@ -3,12 +3,14 @@
 Engine components are plain classes with (mostly async) methods; in a real run they live in Ray actors.
 `acall(target, "m", ...)` awaits `target.m.remote(...)` for an actor, or `target.m(...)` (awaited when it
 is a coroutine) for a local object, so the orchestration code is the same in tests and at scale.
-`RankGroup` makes the ranks of a role that work in lockstep look like one actor.
+`RankGroup` makes the ranks of a role that work in lockstep look like one actor; `wait_gone` waits until
+named actors are dead and their names free.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import ray
@@ -58,3 +60,15 @@ class _FanOut:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in self.actors]
         return refs[0] if len(refs) == 1 else _first.remote(*refs)  # one rank: its own ref, no extra task
+
+
+def wait_gone(namespace: str, names: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the named actors are dead (Ray releases a killed actor's name asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break
+            time.sleep(0.05)

@@ -5,12 +5,16 @@ machine the run declares them itself (`ray.init(resources=...)`); on a cluster e
 offers when it joins: `rollart node start --pool NAME[:UNITS] ...` is `ray start` with those resources.
 A run that joins a cluster (`RAY_ADDRESS`) checks first that every pool it needs is offered, with at
 least its capacity, and names what is missing (`missing_pools`).
+`rendezvous()`: where a trainer's model-parallel ranks meet, a loopback port of the driver's node.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping, Sequence
+
+import ray
 
 from engine.core.resources import ray_resource
 
@@ -60,3 +64,17 @@ def missing_pools(needed: Mapping[str, float], offered: Mapping[str, float]) -> 
                 f"(add a node with `rollart node start --pool {pool}:{units - have:g} --address ...`)"
             )
     return lines
+
+
+def rendezvous() -> str:
+    """Where the trainer's model-parallel ranks meet: a free loopback port, so all of them must be on this
+    node (tensor parallelism exchanges activations every layer: it belongs within a node)."""
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) > 1:
+        raise ValueError(
+            f"backends.tensor_parallel × pipeline_parallel > 1 runs its ranks on the driver's node; this Ray "
+            f"cluster has {len(nodes)} nodes, and placing the ranks together there is not implemented yet"
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"

@@ -105,6 +105,20 @@ class EnvManager:
         traj.status = TrajStatus.TRUNCATED
         traj.info["truncated"] = why
 
+    def _request(self, traj: Trajectory, turn_no: int, context: list[int]) -> GenRequest:
+        """Turn `turn_no`'s generation request: `context` continued under the sampling limits."""
+        lim = self.limits
+        return GenRequest(
+            request_id=f"{traj.traj_id}/{turn_no}",
+            prompt_ids=context,
+            sampling=SamplingParams(
+                temperature=lim.temperature, max_tokens=lim.max_tokens, stop_token_ids=[self.chat.stop_id]
+            ),
+            task=traj.task,
+            profile=self.profile,
+            trajectory_id=traj.traj_id,
+        )
+
     async def _play(self, traj: Trajectory) -> None:
         lim = self.limits
         obs, env_s = await _timed(self.env.reset(traj.seed), lim.env_timeout_s)
@@ -124,20 +138,9 @@ class EnvManager:
         for turn_no in range(lim.max_turns):
             if len(context) + lim.max_tokens > lim.max_context:
                 return self._truncate(traj, "max_context")
-            request = GenRequest(
-                request_id=f"{traj.traj_id}/{turn_no}",
-                prompt_ids=context,
-                sampling=SamplingParams(
-                    temperature=lim.temperature,
-                    max_tokens=lim.max_tokens,
-                    stop_token_ids=[self.chat.stop_id],
-                ),
-                task=traj.task,
-                profile=self.profile,
-                trajectory_id=traj.traj_id,
-            )
             t_gen = time.perf_counter()
-            out = await self.gen.generate(request)  # no timeout here: the proxy/engine own retries
+            # no timeout here: the proxy/engine own retries
+            out = await self.gen.generate(self._request(traj, turn_no, context))
             gen_s = time.perf_counter() - t_gen
             if out.finish_reason == "abort":
                 return self._end(traj, TrajStatus.ABORTED, Failure(FailureReason.GENERATION_ABORTED))

@@ -13,6 +13,7 @@ from engine.rollout.reward import RewardScorer
 from engine.rollout.scheduler import RolloutScheduler, TaskSpec
 from engine.rollout.staleness import StalenessPolicy
 from engine.types import FailureReason, TrajStatus
+from tests.simulated import on_simulated_clock
 from tests.unit.engine.rollout.fakes import ScriptedGenerator, tokenizer
 
 G = 4
@@ -24,7 +25,7 @@ def synthetic(_spec: TaskSpec) -> SyntheticEnv:
 
 async def collect(faults: FaultsConfig, groups: int, redundancy: int = 0, reward: RewardScorer | None = None):
     """Run the scheduler until `groups` complete groups were taken from the buffer; return all of it."""
-    # Timeouts far above a step's cost, so that only an injected hang times out, also on a loaded machine.
+    # On the simulated clock only an injected hang reaches a timeout, however loaded the machine is.
     task = TaskSpec("t", "synthetic", {}, 1.0, G, TurnLimits(3, 4, 1024, env_timeout_s=0.5), "decode-heavy")
     buf = SampleBuffer(alpha=1)
     reward = reward or RewardScorer()
@@ -49,6 +50,7 @@ async def collect(faults: FaultsConfig, groups: int, redundancy: int = 0, reward
     return s, batch, reward
 
 
+@on_simulated_clock
 async def test_env_crashes_and_hangs_are_replaced_and_every_trained_group_is_whole():
     faults = FaultsConfig(seed=3, env_reset_crash=0.1, env_step_crash=0.1, env_hang=0.05)
     s, batch, _ = await collect(faults, groups=8)
@@ -64,6 +66,7 @@ async def test_env_crashes_and_hangs_are_replaced_and_every_trained_group_is_who
     assert c.get("groups_dropped_incomplete", 0) == 0
 
 
+@on_simulated_clock
 async def test_redundancy_masks_failures_without_refills():
     faults = FaultsConfig(seed=5, env_step_crash=0.1)
     s, batch, _ = await collect(faults, groups=6, redundancy=2)
@@ -73,6 +76,7 @@ async def test_redundancy_masks_failures_without_refills():
     assert unended(s.ledger.counts) == 0
 
 
+@on_simulated_clock
 async def test_reward_errors_and_timeouts_are_retried_then_the_member_is_dropped_and_replaced():
     faults = FaultsConfig(seed=1, reward_error=0.3, reward_hang=0.1)
     scorer = RewardScorer(FaultyScore(faults), retries=1, backoff_s=0.001, timeout_s=0.5)
