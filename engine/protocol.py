@@ -26,22 +26,31 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from engine import modes
-from engine.core.handles import acall
+from engine.core.handles import RankGroup, acall
+
+if TYPE_CHECKING:
+    from engine.rollout.gen_worker import GenerationWorker
+    from engine.rollout.proxy import LLMProxy
+    from engine.rollout.service import RolloutService
+    from engine.train.train_worker import TrainWorker
 
 Phase = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 
 @dataclass
 class Collaborators:
-    rollout: Any  # RolloutService
-    proxy: Any  # LLMProxy
-    trainer: Any  # TrainWorker
-    gen_workers: list[Any]  # GenerationWorker
+    """The run's actors as the protocol calls them: each typed as its worker class (a Ray handle to one
+    has the same methods, called through `acall`), so a renamed or missing method fails the type check."""
+
+    rollout: RolloutService
+    proxy: LLMProxy
+    trainer: TrainWorker | RankGroup  # its ranks behind one handle with tensor or pipeline parallelism
+    gen_workers: list[GenerationWorker]
     weights_via_store: bool = True  # False: push state dicts through Ray (no weight store)
 
 
@@ -62,7 +71,7 @@ class IterationProtocol:
 
     async def serve_trainer(self) -> int:
         """Publish the trainer's weights and make every generation worker serve them. Returns the version."""
-        version = await acall(self.c.trainer, "version")
+        version = await acall(self.c.trainer.version)
         await self._publish_and_prefetch()
         await self._apply(version)
         return version
@@ -70,10 +79,10 @@ class IterationProtocol:
     async def start(self) -> int:
         """Bring the generation workers to the trainer's version and start rollout. Returns the version."""
         version = await self.serve_trainer()
-        await acall(self.c.rollout, "advance", version)
-        await acall(self.c.rollout, "start")
+        await acall(self.c.rollout.advance, version)
+        await acall(self.c.rollout.start)
         if self.policy.waves:
-            await acall(self.c.rollout, "release_wave", 1)
+            await acall(self.c.rollout.release_wave, 1)
         return version
 
     async def _publish_and_prefetch(self) -> dict[str, float]:
@@ -83,9 +92,9 @@ class IterationProtocol:
         for the version, would time out meanwhile."""
         if not self.c.weights_via_store:
             return {}
-        version = await acall(self.c.trainer, "version")
+        version = await acall(self.c.trainer.version)
         _, pub = await asyncio.gather(
-            self._each_worker("prefetch", version), acall(self.c.trainer, "publish")
+            self._each_worker(lambda w: w.prefetch, version), acall(self.c.trainer.publish)
         )
         return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
 
@@ -94,16 +103,16 @@ class IterationProtocol:
         if version == self.serving_version:
             return {}
         t0 = time.perf_counter()
-        suspend_wait = await acall(self.c.proxy, "suspend")
+        suspend_wait = await acall(self.c.proxy.suspend)
         try:
             if self.c.weights_via_store:
-                res = [r for r in await self._each_worker("update", version) if r is not None]
+                res = [r for r in await self._each_worker(lambda w: w.update, version) if r is not None]
             else:
-                state = await acall(self.c.trainer, "state_dict")
-                await self._each_worker("load_weights", state, version)
+                state = await acall(self.c.trainer.state_dict)
+                await self._each_worker(lambda w: w.load_weights, state, version)
                 res = []
         finally:
-            await acall(self.c.proxy, "resume")
+            await acall(self.c.proxy.resume)
         self.serving_version = version
         out = {"suspend_wait_s": suspend_wait, "update_s": time.perf_counter() - t0}
         if res:
@@ -114,14 +123,15 @@ class IterationProtocol:
             )
         return out
 
-    async def _each_worker(self, method: str, *args: Any) -> list[Any]:
-        """`method` on every generation worker; None for one left out. A worker still unavailable after
-        `restart_wait_s` (Ray cannot place it again: its node is gone and no other offers its pool) is left
-        out and counted, and gets one immediate try per later call until it answers: a worker Ray does
-        restart loads the newest published weights itself before it serves. With none left, it raises."""
+    async def _each_worker(self, method: Callable[[GenerationWorker], Any], *args: Any) -> list[Any]:
+        """`method(worker)(*args)` on every generation worker; None for one left out. A worker still
+        unavailable after `restart_wait_s` (Ray cannot place it again: its node is gone and no other offers
+        its pool) is left out and counted, and gets one immediate try per later call until it answers: a
+        worker Ray does restart loads the newest published weights itself before it serves. With none
+        left, it raises."""
         workers = self.c.gen_workers
 
-        async def one(i: int, w: Any) -> Any:
+        async def one(i: int, w: GenerationWorker) -> Any:
             # a call to an actor Ray is restarting may wait unanswered rather than fail: ask with a ping
             if not await _answers(w, 0.0 if i in self.unavailable else self.restart_wait_s):
                 if len(self.unavailable | {i}) == len(workers):
@@ -129,7 +139,7 @@ class IterationProtocol:
                 self.unavailable.add(i)
                 return None
             self.unavailable.discard(i)
-            return await _on_worker(w, method, *args, wait_s=self.restart_wait_s)
+            return await _on_worker(method(w), *args, wait_s=self.restart_wait_s)
 
         return list(await asyncio.gather(*(one(i, w) for i, w in enumerate(workers))))
 
@@ -137,7 +147,7 @@ class IterationProtocol:
         """Make the generation workers serve the trainer's newest weights (before an evaluation: in the
         continuous modes the last published version is otherwise applied only by the next step).
         Returns that version. Harmless mid-run: the next step finds it applied already."""
-        version = await acall(self.c.trainer, "version")
+        version = await acall(self.c.trainer.version)
         await self._apply(version)
         return version
 
@@ -149,21 +159,21 @@ class IterationProtocol:
         """
         run = phase or _direct
         t0 = time.perf_counter()
-        version = await acall(self.c.trainer, "version")
+        version = await acall(self.c.trainer.version)
 
         async def get_batch() -> list[Any]:
-            return await acall(self.c.rollout, "get_batch", self.batch_groups, version, self.timeout_s)
+            return await acall(self.c.rollout.get_batch, self.batch_groups, version, self.timeout_s)
 
         async def sync_weights() -> dict[str, float]:  # suspend -> update -> resume, then the bound
             out = await self._apply(version)
-            await acall(self.c.rollout, "advance", version)
+            await acall(self.c.rollout.advance, version)
             if self.policy.waves and not self.policy.on_policy:  # one-off: the next batch is made
-                await acall(self.c.rollout, "release_wave", 1)  # while this one trains (one step behind)
+                await acall(self.c.rollout.release_wave, 1)  # while this one trains (one step behind)
             return out
 
         async def train_step() -> dict[str, Any]:
             t = time.perf_counter()
-            out = await acall(self.c.trainer, "train_step", groups)
+            out = await acall(self.c.trainer.train_step, groups)
             return {**out, "train_s": time.perf_counter() - t}
 
         groups = await run("get_batch", get_batch)  # 1
@@ -176,7 +186,7 @@ class IterationProtocol:
 
             async def next_wave() -> dict[str, float]:  # on-policy: the next wave uses the new weights
                 out = await self._apply(version + 1)
-                await acall(self.c.rollout, "release_wave", 1)
+                await acall(self.c.rollout.release_wave, 1)
                 return out
 
             sync.update(await run("sync_weights_next", next_wave))
@@ -205,12 +215,12 @@ async def _both(a: Awaitable[Any], b: Awaitable[Any]) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
-async def _answers(w: Any, wait_s: float) -> bool:
+async def _answers(w: GenerationWorker, wait_s: float) -> bool:
     """Whether worker `w` answers a ping within `wait_s` (at least one try of up to a second)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            await asyncio.wait_for(acall(w, "ping"), timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+            await asyncio.wait_for(acall(w.ping), timeout=max(1.0, min(5.0, deadline - time.monotonic())))
             return True
         except (TimeoutError, RayActorError):  # restarting (or dead for good: it never answers)
             if time.monotonic() >= deadline:
@@ -218,12 +228,12 @@ async def _answers(w: Any, wait_s: float) -> bool:
             await asyncio.sleep(0.2)
 
 
-async def _on_worker(w: Any, method: str, *args: Any, wait_s: float) -> Any:
-    """`acall` a generation worker's weight method (idempotent); while Ray restarts the worker, wait."""
+async def _on_worker(method: Any, *args: Any, wait_s: float) -> Any:
+    """`acall` a generation worker's weight `method` (idempotent); while Ray restarts the worker, wait."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return await acall(w, method, *args)
+            return await acall(method, *args)
         except ActorUnavailableError:  # restarting; a worker dead for good raises ActorDiedError
             if time.monotonic() > deadline:
                 raise

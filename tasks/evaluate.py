@@ -51,7 +51,7 @@ async def evaluate_held_out(exp: Experiment, proto: IterationProtocol) -> dict[s
     version = await proto.serve_latest()
     chat = ChatFormat(load_tokenizer(exp.model_dir))
     results = await evaluate(specs, chat, ProxyClient(exp.proxy))
-    seen = trained_problems(exp, await acall(exp.rollout, "problems"))
+    seen = trained_problems(exp, await acall(exp.rollout.problems))
     for name, res in results.items():
         res["overlap"] = len(set(res.pop("problems")) & seen.get(name, set()))
         res["version"] = version

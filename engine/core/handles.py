@@ -1,7 +1,7 @@
 """Call a method the same way on a local object or a Ray actor handle, from async code.
 
 Engine components are plain classes with (mostly async) methods; in a real run they live in Ray actors.
-`acall(target, "m", ...)` awaits `target.m.remote(...)` for an actor, or `target.m(...)` (awaited when it
+`acall(target.m, ...)` awaits `target.m.remote(...)` for an actor, or `target.m(...)` (awaited when it
 is a coroutine) for a local object, so the orchestration code is the same in tests and at scale.
 `RankGroup` makes the ranks of a role that work in lockstep look like one actor; `wait_gone` waits until
 named actors are dead and their names free.
@@ -16,8 +16,10 @@ from typing import Any
 import ray
 
 
-async def acall(target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    fn = getattr(target, method)
+async def acall(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` awaited: `fn` is a Ray actor's method (`handle.m`, called with `.remote`) or a
+    local object's (awaited when it returns a coroutine). Taking the method, not its name, lets the type
+    checker see that the method exists wherever the handle is typed as the worker class."""
     if hasattr(fn, "remote"):
         return await fn.remote(*args, **kwargs)
     out = fn(*args, **kwargs)

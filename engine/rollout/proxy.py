@@ -44,11 +44,11 @@ class GenSlot:
     down: bool = False  # died; routed around until the next weight update reached it
 
     async def generate(self, req: GenRequest) -> GenOutput:
-        return await acall(self.target, "generate", req)
+        return await acall(self.target.generate, req)
 
     async def abort(self, request_id: str) -> None:
         if hasattr(self.target, "abort"):
-            await acall(self.target, "abort", request_id)
+            await acall(self.target.abort, request_id)
 
 
 @dataclass

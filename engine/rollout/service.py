@@ -35,7 +35,7 @@ class ProxyClient:
         self.proxy = proxy
 
     async def generate(self, request: GenRequest) -> GenOutput:
-        return await acall(self.proxy, "generate", request)
+        return await acall(self.proxy.generate, request)
 
     def release(self, trajectory_id: str) -> None:
         if hasattr(self.proxy.release, "remote"):
