@@ -214,21 +214,20 @@ async def rollout_step(
 
     `timeout_s` (loop-clock seconds) turns a hung step into an error carrying the scheduler's counts.
     """
-    from engine.rollout.buffer import SampleBuffer
+    from engine.rollout.assembly import RolloutSpec, build_rollout
     from engine.rollout.proxy import LLMProxy
-    from engine.rollout.reward import RewardScorer
-    from engine.rollout.scheduler import RolloutScheduler
-    from engine.rollout.staleness import StalenessPolicy
 
     factory = _workload_envs(workloads, groups, redundancy, seed, unit_s)
-    tasks = _task_specs(workloads)
     proxy = LLMProxy(list(slots))
     members = groups * (max(w.group_size for w in workloads) + redundancy)
-    buffer = SampleBuffer(alpha=0)
-    scheduler = RolloutScheduler(
-        tasks, chat_format(), proxy, buffer, reward or RewardScorer(), factory, StalenessPolicy("areal", 0),
-        concurrency=members, redundancy=redundancy, batch_groups=groups, seed=seed,
-    )  # fmt: skip
+    spec = RolloutSpec(
+        tasks=tuple(_task_specs(workloads)),
+        concurrency=members,
+        redundancy=redundancy,
+        batch_groups=groups,
+        seed=seed,
+    )
+    buffer, scheduler = build_rollout(spec, chat_format(), proxy, factory, reward)
     loop = asyncio.get_running_loop()
     simulated = isinstance(loop, VirtualClockLoop)  # pauses cost no simulated time: leave the gc alone
     with contextlib.nullcontext() if simulated else steady_gc():

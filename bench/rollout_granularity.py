@@ -175,12 +175,10 @@ async def rollout_step(
     """
     from engine.backends.modelled import ModelledBackend
     from engine.devices import get_device, get_model
-    from engine.rollout.buffer import SampleBuffer
+    from engine.rollout.assembly import RolloutSpec, build_rollout
     from engine.rollout.env_manager import TurnLimits
     from engine.rollout.proxy import GenSlot, LLMProxy
-    from engine.rollout.reward import RewardScorer
-    from engine.rollout.scheduler import RolloutScheduler, TaskSpec
-    from engine.rollout.staleness import StalenessPolicy
+    from engine.rollout.scheduler import TaskSpec
     from engine.types import Profile, TrajStatus
 
     unit_s = clock_unit_s(s.clock, s.unit_ms)
@@ -194,7 +192,6 @@ async def rollout_step(
         min_sleep_s=min_sleep_s(unit_s),
     )
     proxy = LLMProxy([GenSlot("gen0", "gpu-compute", backend, capacity=s.envs)])
-    buffer = SampleBuffer(alpha=0)
     groups = s.envs // GROUP_SIZE
     limits = TurnLimits(turns, ACTION_TOKENS, MAX_CONTEXT, env_timeout_s=ENV_TIMEOUT_S)
     task = TaskSpec(
@@ -202,10 +199,10 @@ async def rollout_step(
     )
     # AReaL admission with α = 0 starts exactly one step's groups in trajectory mode: nothing beyond the
     # E measured envs competes for the CPU. (Batch granularity starts its waves itself.)
-    scheduler = RolloutScheduler(
-        [task], chat, proxy, buffer, RewardScorer(), factory, StalenessPolicy("areal", 0),
-        concurrency=s.envs, batch_groups=groups, seed=seed, granularity=granularity,
-    )  # fmt: skip
+    spec = RolloutSpec(
+        tasks=(task,), concurrency=s.envs, batch_groups=groups, seed=seed, granularity=granularity
+    )
+    buffer, scheduler = build_rollout(spec, chat, proxy, factory)
     what = f"{granularity} rollout (T={turns}, σ={sigma})"
     with steady_gc():
         try:

@@ -19,12 +19,11 @@ from engine.core.handles import acall
 from engine.envs.base import Env
 from engine.envs.registry import make_env
 from engine.envs.split import problem_id
-from engine.rollout.buffer import SampleBuffer
+from engine.rollout.assembly import RolloutSpec, build_rollout
 from engine.rollout.chat import ChatFormat
 from engine.rollout.reward import RewardScorer
-from engine.rollout.scheduler import RolloutScheduler, TaskSpec
+from engine.rollout.scheduler import TaskSpec
 from engine.rollout.selection import SelectionBias
-from engine.rollout.staleness import StalenessPolicy
 from engine.types import GenOutput, GenRequest, Group, Trajectory, TrajStatus
 
 
@@ -68,25 +67,20 @@ class RolloutService:
         from engine.models.tokenizer import load_tokenizer  # transformers: in the actor, not the driver
 
         tokenizer = load_tokenizer(tokenizer_dir)
-        policy = StalenessPolicy(mode, alpha)
-        behaviour = modes.policy(mode)
-        self.buffer = SampleBuffer(alpha, evict_on_advance=policy.per_step, check_on_get=policy.per_step)
         self.reward = reward or RewardScorer()
-        self.scheduler = RolloutScheduler(
-            tasks,
-            ChatFormat(tokenizer),
-            ProxyClient(proxy),
-            self.buffer,
-            self.reward,
-            env_factory,
-            policy,
-            concurrency,
-            redundancy,
+        spec = RolloutSpec(
+            tasks=tuple(tasks),
+            concurrency=concurrency,
+            mode=mode,
+            alpha=alpha,
+            redundancy=redundancy,
             batch_groups=batch_groups,
             seed=seed,
-            granularity="batch" if behaviour.lockstep else granularity,
-            gated_waves=behaviour.waves,
+            granularity=granularity,
             drop_uniform=drop_uniform,
+        )
+        self.buffer, self.scheduler = build_rollout(
+            spec, ChatFormat(tokenizer), ProxyClient(proxy), env_factory, self.reward
         )
         self._runner: asyncio.Task[None] | None = None
         self._problems: dict[str, set[str]] = defaultdict(set)  # task -> ids of the problems rolled out
