@@ -35,6 +35,7 @@ from engine.rollout.rollout_worker import RolloutWorker
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import default_env_factory
 from engine.train.train_worker import TrainWorker
+from engine.train.worker_args import TrainWorkerArgs
 from infra.local_ray import init_local_ray, node_address
 from infra.metadata import MetadataStore
 
@@ -217,18 +218,18 @@ class Experiment:
             FaultyTrainWorker if cfg.faults.trainer_faults else TrainWorker,
             self.rm,
             cfg.resources.roles["actor_train"].model_copy(update={"count": tp * pp}),
-            worker_config={
-                "model_dir": self.model_dir,
-                "trainer": trainer_args(cfg),
-                "max_len": cfg.model.max_context,
-                "threads": self._threads("actor_train"),
-                "training": cfg.backends.training,
-                "tensor_parallel": tp,
-                "pipeline_parallel": pp,
-                "rendezvous": rendezvous() if tp * pp > 1 else None,
-                "faults": cfg.faults.model_dump(),
+            worker_config=TrainWorkerArgs(  # checked here, on the driver, before any actor starts
+                model_dir=self.model_dir,
+                trainer=trainer_args(cfg),
+                max_len=cfg.model.max_context,
+                threads=self._threads("actor_train"),
+                training=cfg.backends.training,
+                tensor_parallel=tp,
+                pipeline_parallel=pp,
+                rendezvous=rendezvous() if tp * pp > 1 else None,
+                faults=cfg.faults.model_dump(),
                 **common,
-            },
+            ).model_dump(),
             namespace=self.namespace,
             wait=False,
         )

@@ -79,7 +79,7 @@ class FaultyTrainWorker(TrainWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fault = FaultsConfig(**self.config.get("faults", {}))
+        self.fault = FaultsConfig(**self.args.faults)
         self.raised = 0
 
     @register

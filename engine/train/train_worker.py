@@ -1,12 +1,10 @@
 """TrainWorker: the ActorTrain role — GRPO steps, weight publishing, checkpoints.
 
-config: {"model_dir": str, "trainer": TrainerConfig fields, "store": store spec or None, "run_id": str,
-"bucket_bytes": int, "max_len": int | None, "threads": int (torch threads: the role's cores),
-"training": "torch" (the HF model, default) or "megatron" (a Megatron-core GPTModel converted from it,
-engine/train/megatron; weights still published and saved in HF names), "tensor_parallel" and
-"pipeline_parallel": ints (Megatron's ranks: the cluster's tensor_parallel × pipeline_parallel workers, rank
-r holding slice r mod tensor_parallel of each layer of pipeline stage r div tensor_parallel) and
-"rendezvous": "tcp://host:port" (where the ranks meet; with more than one)}.
+config: the fields of `engine/train/worker_args.py` `TrainWorkerArgs` (an unknown key is refused). `training`:
+"torch" (the HF model, default) or "megatron" (a Megatron-core GPTModel converted from it,
+engine/train/megatron; weights still published and saved in HF names); `tensor_parallel` ×
+`pipeline_parallel` Megatron ranks are the cluster's workers, rank r holding slice r mod tensor_parallel of
+each layer of pipeline stage r div tensor_parallel, meeting at `rendezvous` ("tcp://host:port").
 The ranks are called together (`engine.core.handles.RankGroup`): every rank takes each call and returns
 the same result (the last pipeline stage's metrics and tokens reach every rank), and only rank 0 publishes
 weights and writes checkpoints.
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.decorators import register
 from engine.core.worker import Role, Worker, device
+from engine.train.worker_args import TrainWorkerArgs
 from engine.types import Group
 from infra.weightstore.factory import open_store
 
@@ -47,6 +46,9 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+BUCKET_BYTES = 64 << 20  # the weight publisher's bucket size unless `publish` is given one
+
+
 class TrainWorker(Worker):
     role = Role.ACTOR_TRAIN
 
@@ -58,13 +60,12 @@ class TrainWorker(Worker):
         from engine.train.trainer import TorchTrainer, TrainerConfig
         from engine.weights.transfer import WeightPublisher
 
-        torch.set_num_threads(max(1, int(self.config.get("threads", 1))))
-        self.model_dir = str(self.config["model_dir"])
-        trainer_cfg = TrainerConfig(**self.config.get("trainer", {}))
-        training = self.config.get("training", "torch")
-        if training not in ("torch", "megatron"):
-            raise ValueError(f"training: unknown backend {training!r}; choose torch or megatron")
-        tp, pp = int(self.config.get("tensor_parallel", 1)), int(self.config.get("pipeline_parallel", 1))
+        self.args = conf = TrainWorkerArgs.model_validate(self.config)
+        torch.set_num_threads(conf.threads)
+        self.model_dir = conf.model_dir
+        trainer_cfg = TrainerConfig(**conf.trainer)
+        training = conf.training
+        tp, pp = conf.tensor_parallel, conf.pipeline_parallel
         if tp * pp != self.world_size or (tp * pp > 1 and training != "megatron"):
             raise ValueError(
                 f"tensor_parallel {tp} × pipeline_parallel {pp} needs training: megatron and {tp * pp} "
@@ -75,8 +76,7 @@ class TrainWorker(Worker):
             if training == "megatron":
                 from engine.train.megatron.model import MegatronLM  # imports megatron-core: only when used
 
-                address = self.config.get("rendezvous")
-                return MegatronLM(self.model_dir, tp=tp, rank=self.rank, address=address, pp=pp)
+                return MegatronLM(self.model_dir, tp=tp, rank=self.rank, address=conf.rendezvous, pp=pp)
             return self.model_dir
 
         # The KL reference is the model training started from; it stays frozen (and is the same on resume).
@@ -86,8 +86,8 @@ class TrainWorker(Worker):
         self.trainer = TorchTrainer(policy(), trainer_cfg, ref_model=ref_model, device=device())
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
-        store = self.config.get("store") if self.trainer.writes else None  # rank 0 publishes for all
-        self.publisher = WeightPublisher(open_store(store), self.config["run_id"]) if store else None
+        store = conf.store if self.trainer.writes else None  # rank 0 publishes for all
+        self.publisher = WeightPublisher(open_store(store), conf.run_id) if store else None
 
     @register
     def version(self) -> int:
@@ -100,7 +100,7 @@ class TrainWorker(Worker):
         version = self.trainer.version
         from engine.train.batch import build_train_batch
 
-        batch = build_train_batch(groups, max_len=self.config.get("max_len"), pad_token_id=self.pad_id)
+        batch = build_train_batch(groups, max_len=self.args.max_len, pad_token_id=self.pad_id)
         metrics = self.trainer.train_step(batch)
         rewards = [m.reward for g in groups for m in g.members if m.reward is not None]
         members = [m for g in groups for m in g.members]
@@ -135,7 +135,7 @@ class TrainWorker(Worker):
             # every process computes in bfloat16 (model.dtype) and the workers hold bfloat16 weights: the
             # float32 master weights stay here, and half the bytes travel
             state = {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in state.items()}
-        size = bucket_bytes or int(self.config.get("bucket_bytes", 64 << 20))
+        size = bucket_bytes or BUCKET_BYTES
         return self.publisher.publish(state, self.trainer.version, size)
 
     @register

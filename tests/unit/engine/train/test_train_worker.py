@@ -88,5 +88,11 @@ def test_the_megatron_backend_trains_saves_and_resumes_in_hf_names(
 
 
 def test_an_unknown_training_backend_is_refused(model_dir: str) -> None:
-    with pytest.raises(ValueError, match="training: unknown backend 'jax'"):
+    with pytest.raises(ValueError, match=r"(?s)training\n.*'torch' or 'megatron'.*input_value='jax'"):
         worker(model_dir, "jax")
+
+
+def test_a_setting_the_worker_does_not_have_is_refused_by_name(model_dir: str) -> None:
+    config = {"model_dir": model_dir, "run_id": "r", "bucket_bytes": 1 << 20}  # never read: refused
+    with pytest.raises(ValueError, match=r"(?s)bucket_bytes\n.*Extra inputs are not permitted"):
+        TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
