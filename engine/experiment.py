@@ -28,6 +28,7 @@ from engine.envs.base import Env
 from engine.faults import FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
 from engine.rollout.gen_worker import GenerationWorker
+from engine.rollout.gen_worker_args import GenerationWorkerArgs
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.rollout.reward import ScoreFn, env_return
 from engine.rollout.reward_worker import RewardWorker
@@ -249,12 +250,12 @@ class Experiment:
             GenerationWorker,
             self.rm,
             cfg.resources.roles["actor_gen"],
-            worker_config={
-                "backend": backend,
-                "threads": self._threads("actor_gen"),
-                "kill_after_requests": cfg.faults.gen_kill_after_requests,
+            worker_config=GenerationWorkerArgs(  # checked here, on the driver, before any actor starts
+                backend=backend,
+                threads=self._threads("actor_gen"),
+                kill_after_requests=cfg.faults.gen_kill_after_requests,
                 **common,
-            },
+            ).model_dump(),
             max_concurrency=1024,
             namespace=self.namespace,
             max_restarts=GEN_MAX_RESTARTS,

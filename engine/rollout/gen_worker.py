@@ -27,6 +27,7 @@ import ray
 
 from engine.core.decorators import hw_mapping
 from engine.core.worker import Role, Worker, device
+from engine.rollout.gen_worker_args import GenerationWorkerArgs
 from engine.types import GenOutput, GenRequest
 from infra.weightstore.factory import open_store
 
@@ -36,8 +37,7 @@ if TYPE_CHECKING:
 
 
 class GenerationWorker(Worker):
-    """config: {"backend": {"kind": ..., **kwargs}, "store": store spec or None, "run_id": str,
-    "threads": torch threads of the engine (the role's cores; absent = torch's default)}."""
+    """config: the fields of `engine/rollout/gen_worker_args.py` `GenerationWorkerArgs`."""
 
     role = Role.ACTOR_GEN
 
@@ -48,15 +48,16 @@ class GenerationWorker(Worker):
         from engine.backends import make_backend
         from engine.weights.transfer import WeightPrefetcher
 
-        if self.config.get("threads"):  # before the engine is built: vLLM's CPU worker pins it afterwards
-            torch.set_num_threads(int(self.config["threads"]))
-        spec = dict(self.config["backend"])
+        conf = GenerationWorkerArgs.model_validate(self.config)
+        if conf.threads:  # before the engine is built: vLLM's CPU worker pins it afterwards
+            torch.set_num_threads(conf.threads)
+        spec = dict(conf.backend)
         if spec["kind"] == "hf":  # on the GPU Ray gave this worker, if any (vLLM finds it by itself)
             spec.setdefault("device", device())
         self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
-        store = self.config.get("store")
-        self.prefetcher = WeightPrefetcher(open_store(store), self.config["run_id"]) if store else None
-        kill = self.config.get("kill_after_requests")
+        store = conf.store
+        self.prefetcher = WeightPrefetcher(open_store(store), conf.run_id) if store else None
+        kill = conf.kill_after_requests
         self.requests = 0
         restarted = _restarted()
         self.kill_after: int | None = kill if kill and self.rank == 0 and not restarted else None
