@@ -1,6 +1,7 @@
 """The per-iteration protocol of asynchronous training (paper §6.3, "six-step weight sync").
 
-    1 get_batch  — B complete GRPO groups within the staleness bound (blocks)
+    1 get_batch  — B complete GRPO groups within the staleness bound (blocks); on Ray they stay in the
+                   rollout actor's object store and reach the trainer as an ObjectRef, not via the driver
     2 suspend    — the LLMProxy stops admitting requests and waits for in-flight ones
     3 update     — generation workers apply the weights they prefetched in the background
     4 resume     — requests flow again; `advance` aborts what the new version made too stale
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from engine import modes
-from engine.core.handles import RankGroup, acall
+from engine.core.handles import RankGroup, acall, acall_split
 
 if TYPE_CHECKING:
     from engine.rollout.gen_worker import GenerationWorker
@@ -161,8 +162,8 @@ class IterationProtocol:
         t0 = time.perf_counter()
         version = await acall(self.c.trainer.version)
 
-        async def get_batch() -> list[Any]:
-            return await acall(self.c.rollout.get_batch, self.batch_groups, version, self.timeout_s)
+        async def get_batch() -> tuple[dict[str, int], Any]:  # (its size, the groups or their ObjectRef)
+            return await acall_split(self.c.rollout.take_batch, self.batch_groups, version, self.timeout_s)
 
         async def sync_weights() -> dict[str, float]:  # suspend -> update -> resume, then the bound
             out = await self._apply(version)
@@ -176,7 +177,7 @@ class IterationProtocol:
             out = await acall(self.c.trainer.train_step, groups)
             return {**out, "train_s": time.perf_counter() - t}
 
-        groups = await run("get_batch", get_batch)  # 1
+        size, groups = await run("get_batch", get_batch)  # 1
         t_batch = time.perf_counter()
         # 2-5 on the generation workers, 6 on the trainer: the batch is taken, so training does not wait for
         # the workers' update (in sync and sync+ the last step's next_wave made it already: nothing to do)
@@ -194,6 +195,7 @@ class IterationProtocol:
             sync,
             **publish,
             wait_batch_s=t_batch - t0,
+            batch_action_tokens=size["action_tokens"],
             gen_workers_unavailable=len(self.unavailable),
             step_s=time.perf_counter() - t0,
             version=version + 1,

@@ -3,6 +3,9 @@
 Engine components are plain classes with (mostly async) methods; in a real run they live in Ray actors.
 `acall(target.m, ...)` awaits `target.m.remote(...)` for an actor, or `target.m(...)` (awaited when it
 is a coroutine) for a local object, so the orchestration code is the same in tests and at scale.
+`acall_split` is for a call whose result has a small head the caller reads and a large body it only hands
+on: on Ray the body stays in the object store as an ObjectRef, which the next actor call takes as an
+argument (Ray resolves it there), so it never travels through the caller.
 `RankGroup` makes the ranks of a role that work in lockstep look like one actor; `wait_gone` waits until
 named actors are dead and their names free.
 """
@@ -24,6 +27,18 @@ async def acall(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await fn.remote(*args, **kwargs)
     out = fn(*args, **kwargs)
     return await out if inspect.isawaitable(out) else out
+
+
+async def acall_split(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """`fn(*args, **kwargs)` returns a pair (head, body): the head awaited, the body as it is for a local
+    object or, for an actor's method, as an ObjectRef (its two return values are separate objects; an
+    error in `fn` is raised here, from the head)."""
+    if hasattr(fn, "remote"):
+        head, body = fn.options(num_returns=2).remote(*args, **kwargs)
+        return await head, body
+    out = fn(*args, **kwargs)
+    head, body = await out if inspect.isawaitable(out) else out
+    return head, body
 
 
 @ray.remote(num_cpus=0)

@@ -1,9 +1,9 @@
 """RolloutService: the env loops, scheduler, reward and SampleBuffer of a run, in one async actor.
 
 It talks to the LLMProxy (another actor, or a local object in tests) through `ProxyClient`, and to the
-trainer side only through `get_batch` / `advance` / `release_wave`. In a run it is the environment role's
-worker (`engine/rollout/rollout_worker.py`, built by a Cluster); as an actor it needs a high
-`max_concurrency` — all methods are async, one event loop.
+trainer side only through `get_batch` (or `take_batch`) / `advance` / `release_wave`. In a run it is the
+environment role's worker (`engine/rollout/rollout_worker.py`, built by a Cluster); as an actor it needs
+a high `max_concurrency` — all methods are async, one event loop.
 """
 
 from __future__ import annotations
@@ -108,6 +108,17 @@ class RolloutService:
         batch.cancel()
         self._runner.result()  # re-raises if the scheduler crashed
         raise RuntimeError(f"rollout stopped: {self.scheduler.ledger.fatal or 'the scheduler ended'}")
+
+    async def take_batch(
+        self, num_groups: int, version: int, timeout_s: float | None = None
+    ) -> tuple[dict[str, int], list[Group]]:
+        """`get_batch` for the trainer: (its size, the groups). The iteration protocol calls it through
+        `acall_split`, so on Ray the groups go from this actor's object store straight to the trainer and
+        only the size passes through the driver."""
+        groups = await self.get_batch(num_groups, version, timeout_s)
+        members = [m for g in groups for m in g.members]
+        tokens = sum(m.num_action_tokens for m in members)
+        return {"trajectories": len(members), "action_tokens": tokens}, groups
 
     async def advance(self, version: int) -> int:
         return await self.scheduler.advance(version)

@@ -12,8 +12,8 @@ class Rollout:
     def __init__(self) -> None:
         self.advanced: list[int] = []
 
-    def get_batch(self, n: int, version: int, timeout_s: float | None) -> list[str]:
-        return [f"group-{i}" for i in range(n)]
+    def take_batch(self, n: int, version: int, timeout_s: float | None) -> tuple[dict[str, int], list[str]]:
+        return {"trajectories": 2 * n, "action_tokens": 5 * n}, [f"group-{i}" for i in range(n)]
 
     def advance(self, version: int) -> None:
         self.advanced.append(version)
@@ -57,6 +57,7 @@ class Trainer:
         return self.v
 
     async def train_step(self, groups: list[str]) -> dict[str, float]:
+        self.trained = groups
         await self.worker.updating.wait()  # the workers' update has begun and not ended ...
         assert not self.worker.done.is_set()
         self.worker.may_finish.set()  # ... and training runs meanwhile
@@ -84,6 +85,7 @@ async def test_training_runs_while_the_workers_update_and_the_step_reports_both(
     assert m["train_s"] > 0 and m["step_s"] >= m["train_s"]
     assert worker.done.is_set() and rollout.advanced == [1] and not proxy.suspended
     assert proto.serving_version == 1
+    assert proto.c.trainer.trained == ["group-0", "group-1"] and m["batch_action_tokens"] == 10
 
 
 async def test_a_failed_train_step_still_lets_the_update_end_and_the_proxy_resume():
