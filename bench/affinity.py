@@ -41,6 +41,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from bench import report
 from bench.clock import run as run_loop
 from bench.harness import (
     Workload,
@@ -51,16 +52,6 @@ from bench.harness import (
     clock_unit_s,
     modelled_slots,
     rollout_step,
-)
-from bench.report import (
-    at_least,
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
 )
 
 PAPER = {"vs_h20": (1.30, 1.68), "vs_h800": (1.12, 1.37)}  # R1: mixed-fleet speedup ranges
@@ -121,13 +112,19 @@ def mfu_mbu(efficiency: float, derate: str) -> tuple[float, float]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, help=f"fleet cost in H800s, even (default {FULL.budget})")
-    p.add_argument("--groups", type=at_least(int, 1), help=f"groups of 8 per step (default {FULL.groups})")
-    p.add_argument("--ratios", type=numbers(float, 0, strict=True), help="H20 prices in H800s, e.g. 0.3,0.5")
     p.add_argument(
-        "--efficiencies", type=numbers(float, 0, strict=True), help="achieved fractions of peak, e.g. 0.5,1"
+        "--groups", type=report.at_least(int, 1), help=f"groups of 8 per step (default {FULL.groups})"
+    )
+    p.add_argument(
+        "--ratios", type=report.numbers(float, 0, strict=True), help="H20 prices in H800s, e.g. 0.3,0.5"
+    )
+    p.add_argument(
+        "--efficiencies",
+        type=report.numbers(float, 0, strict=True),
+        help="achieved fractions of peak, e.g. 0.5,1",
     )
     p.add_argument("--derate", choices=list(DERATE), help="peaks the efficiency applies to (default both)")
-    p.add_argument("--seeds", type=at_least(int, 1), help=f"seeds per configuration ({FULL.seeds})")
+    p.add_argument("--seeds", type=report.at_least(int, 1), help=f"seeds per configuration ({FULL.seeds})")
     p.add_argument("--seed", type=int, help="first seed (0)")
     add_clock_arguments(p, FULL.unit_ms)
 
@@ -166,7 +163,7 @@ async def _measure(s: Settings, seeds: list[int]) -> dict[Key, dict[str, float]]
 
 
 def _ci(xs: list[float], seed: int, name: str) -> dict[str, float]:
-    mid, low, high = median_ci(xs, seed)
+    mid, low, high = report.median_ci(xs, seed)
     return {name: mid, f"{name}_ci_low": low, f"{name}_ci_high": high}
 
 
@@ -175,7 +172,7 @@ def gain_cell(scaled: dict[str, list[float]], raw: dict[str, list[float]], seed:
     `scaled` (scaled to the budget) for the gains and verdict, `raw` for the unscaled gain (module doc)."""
     mixed = scaled["mixed"]
     best = [min(a, b) / m for a, b, m in zip(scaled["h800"], scaled["h20"], mixed, strict=True)]
-    gain, low, high = median_ci(best, seed)
+    gain, low, high = report.median_ci(best, seed)
     raw_best = [min(a, b) / m for a, b, m in zip(raw["h800"], raw["h20"], raw["mixed"], strict=True)]
     return {
         **_ci([a / m for a, m in zip(scaled["h800"], mixed, strict=True)], seed, "vs_h800"),
@@ -183,7 +180,7 @@ def gain_cell(scaled: dict[str, list[float]], raw: dict[str, list[float]], seed:
         "gain": gain,
         "ci_low": low,
         "ci_high": high,
-        "gain_raw": median_ci(raw_best, seed)[0],
+        "gain_raw": report.median_ci(raw_best, seed)[0],
         "verdict": "wins" if low > 1 else "loses" if high < 1 else "tie",
     }
 
@@ -196,7 +193,7 @@ def _fleet_row(
     cost = fleet_cost(devices, ratio)
     raw = [g["step_s"] for g in got]
     scaled = [x * cost / s.budget for x in raw]
-    step, low, high = median_ci(raw, s.seed)
+    step, low, high = report.median_ci(raw, s.seed)
     row = {
         "ratio": ratio,
         "efficiency": e,
@@ -232,7 +229,7 @@ def _tables(
 
 
 def _plot(s: Settings, cells: list[dict[str, Any]], json_path: str | None) -> str:
-    fig, ax = new_figure()
+    fig, ax = report.new_figure()
     for e in s.efficiencies:
         mine = [c for c in cells if c["efficiency"] == e]
         ax.errorbar(
@@ -250,7 +247,7 @@ def _plot(s: Settings, cells: list[dict[str, Any]], json_path: str | None) -> st
         title="R1 hardware affinity: equal-cost fleets",
     )
     ax.legend()
-    return save_figure(fig, json_path, "affinity.png")
+    return report.save_figure(fig, json_path, "affinity.png")
 
 
 def _note(s: Settings, cells: list[dict[str, Any]]) -> str:
@@ -300,23 +297,23 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     at = f"price ratio {c['ratio']:g}, efficiency {c['efficiency']:g}"
     return [
         *(
-            headline_row(
+            report.headline_row(
                 f"step, {fleet}-only / mixed ({at})", c[k], c[f"{k}_ci_low"], c[f"{k}_ci_high"], PAPER[k]
             )
             for k, fleet in (("vs_h20", "H20"), ("vs_h800", "H800"))
         ),
-        headline_row(f"step, faster single type / mixed ({at})", c["gain"], c["ci_low"], c["ci_high"]),
+        report.headline_row(f"step, faster single type / mixed ({at})", c["gain"], c["ci_low"], c["ci_high"]),
     ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     _check(s)
     seeds = [s.seed + i for i in range(s.seeds)]
     runs = run_loop(_measure(s, seeds), s.clock == "virtual")
     rows, cells = _tables(s, seeds, runs)
     note = _note(s, cells)
-    return publish(
+    return report.publish(
         args,
         "R1: mixed fleet against equal-cost single-type fleets",
         s,

@@ -27,18 +27,16 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from bench import report
 from bench.async_modes import paired
-from bench.async_runs import RunSettings, add_run_arguments, round_seeds, run_all, summarize_runs
-from bench.report import (
-    ci_errors,
-    ci_text,
-    headline_row,
-    load_note,
-    median_ci,
-    new_figure,
-    pick_settings,
-    publish,
-    save_figure,
+from bench.async_runs import (
+    RunSettings,
+    add_run_arguments,
+    interval_columns,
+    interval_fields,
+    round_seeds,
+    run_all,
+    summarize_runs,
 )
 
 PAPER_MAX_GAIN = 1.22  # best α over α = 1, throughput
@@ -81,17 +79,11 @@ def build_rows(results: dict[int, list[dict[str, Any]]], steps: int, seed: int =
         m = summarize_runs(results[alpha], seed)
         gain: tuple[float | None, ...] = (None, None, None)
         if 1 in results:
-            gain = median_ci(paired(by_name, str(alpha), "1", lambda x, y: x / y), seed)
+            gain = report.median_ci(paired(by_name, str(alpha), "1", lambda x, y: x / y), seed)
         rows.append(
             {
                 "alpha": alpha,
-                "runs": m["runs"],
-                "step_s": m["step_s"],
-                "ci_low": m["step_s_ci_low"],
-                "ci_high": m["step_s_ci_high"],
-                "tokens_per_s": m["tokens_per_s"],
-                "tokens_per_s_ci_low": m["tokens_per_s_ci_low"],
-                "tokens_per_s_ci_high": m["tokens_per_s_ci_high"],
+                **interval_fields(m),
                 "speedup_vs_alpha1": gain[0],
                 "speedup_ci_low": gain[1],
                 "speedup_ci_high": gain[2],
@@ -126,9 +118,8 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [
         {
             "α": str(r["alpha"]),
-            "step_s": ci_text(r["step_s"], r["ci_low"], r["ci_high"], ".2f"),
-            "tok/s": ci_text(r["tokens_per_s"], r["tokens_per_s_ci_low"], r["tokens_per_s_ci_high"], ".0f"),
-            "×α=1": ci_text(r["speedup_vs_alpha1"], r["speedup_ci_low"], r["speedup_ci_high"], ".2f"),
+            **interval_columns(r),
+            "×α=1": report.ci_text(r["speedup_vs_alpha1"], r["speedup_ci_low"], r["speedup_ci_high"], ".2f"),
             "aborted/step": f"{r['aborted_per_step']:.1f}",
             "max staleness": str(r["staleness_max"]),
         }
@@ -137,9 +128,9 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
-    fig, ax = new_figure(6, 4, cols=1)
+    fig, ax = report.new_figure(6, 4, cols=1)
     alphas = [r["alpha"] for r in rows]
-    yerr = ci_errors(rows, "step_s", "ci_low", "ci_high")
+    yerr = report.ci_errors(rows, "step_s", "ci_low", "ci_high")
     ax.errorbar(alphas, [r["step_s"] for r in rows], yerr=yerr, fmt="o-", capsize=3, label="step (95% CI)")
     ax.set(xlabel="staleness bound α", ylabel="seconds per step", title="rollart: step time and aborts vs α")
     twin = ax.twinx()
@@ -150,13 +141,13 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
     ax.patch.set_visible(False)
     ax.legend(loc="upper right")
     twin.legend(loc="upper center")
-    return save_figure(fig, path, "alpha_sweep.png")
+    return report.save_figure(fig, path, "alpha_sweep.png")
 
 
 def _note(s: RunSettings, best: dict[str, Any] | None, bound_held: bool) -> str:
     ours = ""
     if best is not None:
-        gain = ci_text(best["speedup_vs_alpha1"], best["ci_low"], best["ci_high"], ".2f")
+        gain = report.ci_text(best["speedup_vs_alpha1"], best["ci_low"], best["ci_high"], ".2f")
         verdict = "above 1" if best["beats_alpha1"] else "reaching 1 or below: no gain shown"
         ours = f"Ours: best α={best['alpha']}, {gain}x over α=1 (interval {verdict}). "
     return (
@@ -177,11 +168,15 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     if best is None:
         return []
     metric = f"tokens/s, best α={best['alpha']} (of {len(payload['rows'])} swept) / α=1"
-    return [headline_row(metric, best["speedup_vs_alpha1"], best["ci_low"], best["ci_high"], PAPER_MAX_GAIN)]
+    return [
+        report.headline_row(
+            metric, best["speedup_vs_alpha1"], best["ci_low"], best["ci_high"], PAPER_MAX_GAIN
+        )
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     alphas = alphas_of(args)
     load_before = os.getloadavg()
     results = dict(zip(alphas, run_all(s, [("rollart", a) for a in alphas]), strict=True))
@@ -189,8 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = build_rows(results, s.steps, s.seed)
     best = best_alpha(rows)
     bound_held = all(r["staleness_max"] <= r["alpha"] for r in rows)
-    note = _note(s, best, bound_held) + load_note(load_before, load_after, os.cpu_count())
-    return publish(
+    note = _note(s, best, bound_held) + report.load_note(load_before, load_after, os.cpu_count())
+    return report.publish(
         args,
         "α sweep: rollart step time and staleness aborts",
         s,

@@ -41,25 +41,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from bench import report
 from bench.async_runs import (
+    MEDIAN_KEYS,
     MODE_ORDER,
     RunSettings,
     add_run_arguments,
-    at_least,
+    interval_columns,
+    interval_fields,
     round_seeds,
     run_all,
     summarize_runs,
-)
-from bench.report import (
-    ci_errors,
-    ci_text,
-    headline_row,
-    load_note,
-    median_ci,
-    new_figure,
-    pick_settings,
-    publish,
-    save_figure,
 )
 from engine.modes import policy
 
@@ -100,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes", type=_modes, default=MODE_ORDER, help="comma-separated (default: all five)"
     )
     parser.add_argument(
-        "--alpha", type=at_least(int, 1), default=1, help="α of areal and rollart (default 1)"
+        "--alpha", type=report.at_least(int, 1), default=1, help="α of areal and rollart (default 1)"
     )
     add_run_arguments(parser, FULL, QUICK)
 
@@ -133,18 +125,12 @@ def build_rows(results: Runs, summaries: dict[str, dict[str, Any]], seed: int = 
             continue
         speedup: tuple[float | None, ...] = (None, None, None)
         if "sync" in results:
-            speedup = median_ci(paired(results, mode, "sync", lambda x, y: x / y), seed)
+            speedup = report.median_ci(paired(results, mode, "sync", lambda x, y: x / y), seed)
         rows.append(
             {
                 "mode": mode,
                 "alpha": m["alpha"],
-                "runs": m["runs"],
-                "step_s": m["step_s"],
-                "ci_low": m["step_s_ci_low"],
-                "ci_high": m["step_s_ci_high"],
-                "tokens_per_s": m["tokens_per_s"],
-                "tokens_per_s_ci_low": m["tokens_per_s_ci_low"],
-                "tokens_per_s_ci_high": m["tokens_per_s_ci_high"],
+                **interval_fields(m),
                 "speedup_vs_sync": speedup[0],
                 "speedup_ci_low": speedup[1],
                 "speedup_ci_high": speedup[2],
@@ -198,7 +184,7 @@ def order_violations(results: Runs, seed: int = 0) -> list[str]:
             if tps[a] >= tps[b]:
                 out.append(f"{a} {tps[a]:.0f} >= {b} {tps[b]:.0f} tokens/s")
             continue
-        lead, low, high = median_ci(paired(results, a, b, lambda x, y: x - y), seed)
+        lead, low, high = report.median_ci(paired(results, a, b, lambda x, y: x - y), seed)
         if low > 0:
             out.append(
                 f"{a} {tps[a]:.0f} > {b} {tps[b]:.0f} tokens/s "
@@ -207,15 +193,9 @@ def order_violations(results: Runs, seed: int = 0) -> list[str]:
     return out
 
 
+# per mode, where a step's time went (medians over its runs) and the largest staleness trained
 BREAKDOWN = (
-    "wait_batch_s",
-    "train_s",
-    "sync_s",
-    "push_s",
-    "pull_s",
-    "exposed_pull_s",
-    "aborted",
-    "trajectories_started",
+    *MEDIAN_KEYS[MEDIAN_KEYS.index("wait_batch_s") : MEDIAN_KEYS.index("trained_mean_turns")],
     "staleness_max",
 )
 
@@ -226,9 +206,8 @@ def _table(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> 
         {
             "mode": r["mode"],
             "α": str(r["alpha"]),
-            "step_s": ci_text(r["step_s"], r["ci_low"], r["ci_high"], ".2f"),
-            "tok/s": ci_text(r["tokens_per_s"], r["tokens_per_s_ci_low"], r["tokens_per_s_ci_high"], ".0f"),
-            "×sync": ci_text(r["speedup_vs_sync"], r["speedup_ci_low"], r["speedup_ci_high"], ".2f"),
+            **interval_columns(r),
+            "×sync": report.ci_text(r["speedup_vs_sync"], r["speedup_ci_low"], r["speedup_ci_high"], ".2f"),
             "wait_s": f"{summaries[r['mode']]['wait_batch_s']:.2f}",
             "train_s": f"{summaries[r['mode']]['train_s']:.2f}",
             "sync_s": f"{summaries[r['mode']]['sync_s']:.2f}",
@@ -247,11 +226,11 @@ def _plot(
     best: dict[str, Any] | None,
     path: str | None,
 ) -> str:
-    fig, (left, right) = new_figure(10, 4, cols=2)
+    fig, (left, right) = report.new_figure(10, 4, cols=2)
     names = [r["mode"] for r in rows]
     if rows and rows[0]["speedup_vs_sync"] is not None:
         speedups = [r["speedup_vs_sync"] for r in rows]
-        yerr = ci_errors(rows, "speedup_vs_sync", "speedup_ci_low", "speedup_ci_high")
+        yerr = report.ci_errors(rows, "speedup_vs_sync", "speedup_ci_low", "speedup_ci_high")
         left.bar(names, speedups, yerr=yerr, capsize=3, color="tab:blue", label="ours (95% CI)")
         left.axhspan(*PAPER_SPEEDUP, color="tab:orange", alpha=0.2, label="paper, rollart (2.65–4.58×)")
         left.set(ylabel="throughput / sync", title="Trained tokens/s over sync (paired by seed)")
@@ -262,26 +241,28 @@ def _plot(
         right.bar(names, vals, bottom=bottom, color=color, label=key.removesuffix("_s"))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     steps = [r["step_s"] for r in rows]
-    yerr = ci_errors(rows, "step_s", "ci_low", "ci_high")
+    yerr = report.ci_errors(rows, "step_s", "ci_low", "ci_high")
     right.errorbar(names, steps, yerr=yerr, fmt="ko", capsize=3, label="step (95% CI)")
     if best is not None:
         x = names.index("rollart")
         right.plot([x - 0.4, x + 0.4], [best["ideal_step_s"]] * 2, "k--", label="rollart ideal")
     right.set(ylabel="seconds per step", title="Step time: wait for batch / train / sync (medians)")
     right.legend(fontsize=8)
-    return save_figure(fig, path, "async_modes.png")
+    return report.save_figure(fig, path, "async_modes.png")
 
 
 def _ideal_note(best: dict[str, Any] | None) -> str:
     if best is None:
         return ""
     verdict = "meets it" if best["meets_ideal"] else "does NOT meet it (the ideal is below its interval)"
+    eff = best["efficiency"], best["efficiency_ci_low"], best["efficiency_ci_high"]
+    efficiency = report.ci_text(*eff, ".2f")
     return (
         f"rollart step {best['rollart_step_s']:.2f} s [{best['rollart_ci_low']:.2f}, "
         f"{best['rollart_ci_high']:.2f}] vs ideal max(rollout {best['rollout_s']:.2f}, train "
         f"{best['train_s']:.2f}) + exposed sync {best['exposed_sync_s']:.2f} (the smallest of any mode: "
         f"{best['exposed_sync_mode']}) = {best['ideal_step_s']:.2f} s: ideal/rollart "
-        f"{ci_text(best['efficiency'], best['efficiency_ci_low'], best['efficiency_ci_high'], '.2f')}, "
+        f"{efficiency}, "
         f"rollart {verdict}. Rollout "
         "and train from sync+, each alone: its rollout includes the wave's straggler tail, which "
         "rollart's trajectory-level admission also removes.\n"
@@ -292,7 +273,9 @@ def _note(s: RunSettings, rows: list[dict[str, Any]], best: dict[str, Any] | Non
     ours = {r["mode"]: r for r in rows}.get("rollart")
     speedup = "—"
     if ours is not None:
-        speedup = ci_text(ours["speedup_vs_sync"], ours["speedup_ci_low"], ours["speedup_ci_high"], ".2f")
+        speedup = report.ci_text(
+            ours["speedup_vs_sync"], ours["speedup_ci_low"], ours["speedup_ci_high"], ".2f"
+        )
     return (
         f"{s.batch_groups} groups x G={s.group_size} per step, {s.envs} envs, T={s.turns_text} turns, "
         f"{s.max_tokens}-token actions, env latency N({s.env_ms:g}, {s.env_sigma_ms:g}) ms per reset/step; "
@@ -321,15 +304,17 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     if ours is None:
         return []
     ideal = payload["ideal"]["ideal_step_s"] if payload["ideal"] else None
-    step = headline_row("step s, rollart", ours["step_s"], ours["ci_low"], ours["ci_high"], ideal=ideal)
+    step = report.headline_row(
+        "step s, rollart", ours["step_s"], ours["ci_low"], ours["ci_high"], ideal=ideal
+    )
     if ours["speedup_vs_sync"] is None:
         return [step]
     speedup = (ours["speedup_vs_sync"], ours["speedup_ci_low"], ours["speedup_ci_high"])
-    return [headline_row("tokens/s, rollart / sync", *speedup, paper=PAPER_SPEEDUP), step]
+    return [report.headline_row("tokens/s, rollart / sync", *speedup, paper=PAPER_SPEEDUP), step]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     modes: tuple[str, ...] = getattr(args, "modes", MODE_ORDER)
     alpha: int = getattr(args, "alpha", 1)
     plan = [(m, mode_alpha(m, alpha)) for m in modes]
@@ -340,8 +325,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = build_rows(results, summaries, s.seed)
     best = ideal(summaries)
     broken = order_violations(results, s.seed)
-    note = _note(s, rows, best, broken) + load_note(load_before, load_after, os.cpu_count())
-    return publish(
+    note = _note(s, rows, best, broken) + report.load_note(load_before, load_after, os.cpu_count())
+    return report.publish(
         args,
         "Async modes: step time and throughput",
         s,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.report import at_least, median_ci
+from bench.report import at_least, ci_text, median_ci
 from engine.envs.base import Env
 from engine.modes import Mode
 from engine.rollout.scheduler import TaskSpec
@@ -295,6 +295,23 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
         finally:
             ray.shutdown()
     return out
+
+
+def interval_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's row fields from its `summarize_runs` summary: runs, step time and throughput, each
+    with its 95% interval."""
+    tokens = ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high")
+    step = {"step_s": m["step_s"], "ci_low": m["step_s_ci_low"], "ci_high": m["step_s_ci_high"]}
+    return {"runs": m["runs"], **step, **{k: m[k] for k in tokens}}
+
+
+def interval_columns(r: dict[str, Any]) -> dict[str, str]:
+    """The printed step time and throughput of an `interval_fields` row: median [95% interval]."""
+    tokens = r["tokens_per_s"], r["tokens_per_s_ci_low"], r["tokens_per_s_ci_high"]
+    return {
+        "step_s": ci_text(r["step_s"], r["ci_low"], r["ci_high"], ".2f"),
+        "tok/s": ci_text(*tokens, ".0f"),
+    }
 
 
 def summarize_runs(runs: Sequence[dict[str, Any]], seed: int = 0) -> dict[str, Any]:

@@ -43,18 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench import report
 from bench.async_runs import RunSettings, round_seeds, run_order
-from bench.report import (
-    at_least,
-    ci_errors,
-    ci_text,
-    headline_row,
-    median_ci,
-    new_figure,
-    pick_settings,
-    publish,
-    save_figure,
-)
 
 MODEL, DEVICE = "qwen2.5-7b", "H20"
 KILL_AFTER = 40  # gen-0 dies on this request: inside the first steps of every run
@@ -106,13 +96,17 @@ QUICK = replace(FULL, steps=4, batch_groups=2, concurrency=16, rounds=3)  # fewe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--steps", type=at_least(int, 1), help=f"training steps per run ({FULL.steps}; quick {QUICK.steps})")
+    add(
+        "--steps",
+        type=report.at_least(int, 1),
+        help=f"training steps per run ({FULL.steps}; quick {QUICK.steps})",
+    )
     add(
         "--rounds",
-        type=at_least(int, 1),
+        type=report.at_least(int, 1),
         help=f"seeds per configuration ({FULL.rounds}; quick {QUICK.rounds})",
     )
-    add("--seed", type=at_least(int, 0), help=f"round 0's seed (default {FULL.seed})")
+    add("--seed", type=report.at_least(int, 0), help=f"round 0's seed (default {FULL.seed})")
 
 
 # -- one run -----------------------------------------------------------------------------------------
@@ -294,7 +288,7 @@ def summarize(runs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
     runs' mean step times with its bootstrap 95% interval (over the runs that made a step; None if none
     did), every other count the median per run."""
     steps = [float(r["step_s"]) for r in runs if r["step_s"] is not None]
-    step, low, high = median_ci(steps, seed) if steps else (None, None, None)
+    step, low, high = report.median_ci(steps, seed) if steps else (None, None, None)
     return {
         "redundancy": runs[0]["redundancy"],
         "failure_rate": runs[0]["failure_rate"],
@@ -324,7 +318,7 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             "r": str(r["redundancy"]),
             "runs": str(r["runs"]),
             "done/asked": f"{r['steps_done']}/{r['steps_asked']}",
-            "step_s": ci_text(r["step_s"], r["ci_low"], r["ci_high"], ".2f"),
+            "step_s": report.ci_text(r["step_s"], r["ci_low"], r["ci_high"], ".2f"),
             "lost": str(r["lost"]),
             "partial": str(r["partial_groups_trained"]),
             "retries": f"{r['retries']:g}",
@@ -337,17 +331,17 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
-    fig, ax = new_figure(6, 4)
+    fig, ax = report.new_figure(6, 4)
     for redundancy in sorted({row["redundancy"] for row in rows}):
         sel = [x for x in rows if x["redundancy"] == redundancy and x["step_s"] is not None]
         rates, steps = [100 * x["failure_rate"] for x in sel], [x["step_s"] for x in sel]
-        yerr = ci_errors(sel, "step_s", "ci_low", "ci_high")
+        yerr = report.ci_errors(sel, "step_s", "ci_low", "ci_high")
         ax.errorbar(rates, steps, yerr=yerr, fmt="o-", capsize=3, label=f"redundancy {redundancy}")
     ax.set(xlabel="env failure rate (%)", ylabel="step time (s), median and 95% CI over seeds",
            title="Training under faults (+1 worker kill per run)")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend()
-    return save_figure(fig, path, "faults.png")
+    return report.save_figure(fig, path, "faults.png")
 
 
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -356,15 +350,17 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     rows = payload["rows"]
     total, top = {k: sum(r[k] for r in rows) for k in TOTALS}, max(r["failure_rate"] for r in rows)
     return [
-        headline_row("steps done / asked, all runs", total["steps_done"] / total["steps_asked"], ideal=1.0),
-        headline_row("members lost, all runs", total["lost"], ideal=0),
-        headline_row("partial groups trained, all runs", total["partial_groups_trained"], ideal=0),
-    ] + [headline_row(f"step s at failure rate {top:g}, r={r['redundancy']}", r["step_s"], r["ci_low"],
+        report.headline_row(
+            "steps done / asked, all runs", total["steps_done"] / total["steps_asked"], ideal=1.0
+        ),
+        report.headline_row("members lost, all runs", total["lost"], ideal=0),
+        report.headline_row("partial groups trained, all runs", total["partial_groups_trained"], ideal=0),
+    ] + [report.headline_row(f"step s at failure rate {top:g}, r={r['redundancy']}", r["step_s"], r["ci_low"],
                       r["ci_high"]) for r in rows if r["failure_rate"] == top]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     results = asyncio.run(_measure(s))
     rows = [summarize(rs, s.seed) for rs in results]
     ok = requirements_met(rows)
@@ -378,7 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "per run. Required: "
         f"steps_done == steps_asked, lost == 0, partial == 0 in every run: {'MET' if ok else 'NOT MET'}."
     )
-    payload = publish(
+    payload = report.publish(
         args,
         "Faults: steps done, lost and partial groups under env failures",
         s,

@@ -57,6 +57,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench import report
 from bench.clock import run as run_loop
 from bench.harness import (
     add_clock_arguments,
@@ -67,15 +68,6 @@ from bench.harness import (
     min_sleep_s,
     output_tokens,
     rollout_step,
-)
-from bench.report import (
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
 )
 
 PAPER = {"dense": (1.03, 1.05), "moe": (1.11, 1.21)}  # speedup of PD over colocated
@@ -104,13 +96,15 @@ QUICK = replace(FULL, groups=(8,), seeds=(0, 1, 2))  # the same workload: one sw
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--groups",
-        type=numbers(int, 1),
+        type=report.numbers(int, 1),
         help=f"groups of 8 per step, comma-separated (default {FULL.groups})",
     )
     p.add_argument("--prefill-device", help="device of the prefill GPUs (default H800)")
     p.add_argument("--decode-device", help="device of the decode GPUs, and of colocated ones (default H800)")
     add_clock_arguments(p, FULL.unit_ms)
-    p.add_argument("--seeds", type=numbers(int, 0), help="seeds of each configuration (default 0,1,2,3,4)")
+    p.add_argument(
+        "--seeds", type=report.numbers(int, 0), help="seeds of each configuration (default 0,1,2,3,4)"
+    )
 
 
 def slots(s: Settings, model_name: str, config: str, unit_s: float, seed: int) -> list[Any]:
@@ -154,8 +148,10 @@ async def measure(s: Settings, model: str, config: str, groups: int, seed: int) 
 def summarize(kind: str, groups: int, config: str, runs: list[Run], base: list[Run]) -> dict[str, Any]:
     """One row from a configuration's runs and colocated's on the same seeds (in the same order): the
     speedup is the median of per-seed ratios colocated / this, `ci_low`/`ci_high` its 95% interval."""
-    speedup, low, high = median_ci([b["rollout_s"] / r["rollout_s"] for b, r in zip(base, runs, strict=True)])
-    rollout, rollout_low, rollout_high = median_ci([r["rollout_s"] for r in runs])
+    speedup, low, high = report.median_ci(
+        [b["rollout_s"] / r["rollout_s"] for b, r in zip(base, runs, strict=True)]
+    )
+    rollout, rollout_low, rollout_high = report.median_ci([r["rollout_s"] for r in runs])
     paper_low, paper_high = (1.0, 1.0) if config == "colocated" else PAPER[kind]
     vs_paper = "below" if high < paper_low else "above" if low > paper_high else "overlaps"
     return {
@@ -187,7 +183,7 @@ async def _measure(s: Settings) -> list[dict[str, Any]]:
 
 def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
     """Speedup bars with their 95% intervals, one cluster per (model, groups); the paper's range per model."""
-    fig, ax = new_figure(max(6.0, 1.6 * len(rows) / len(CONFIGS)), 4)
+    fig, ax = report.new_figure(max(6.0, 1.6 * len(rows) / len(CONFIGS)), 4)
     clusters = list(dict.fromkeys((r["model"], r["groups"]) for r in rows))
     width = 0.25
     for i, config in enumerate(CONFIGS):
@@ -208,7 +204,7 @@ def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
     )
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
-    return save_figure(fig, json_path, "pd.png")
+    return report.save_figure(fig, json_path, "pd.png")
 
 
 def _note(rows: list[dict[str, Any]], s: Settings) -> str:
@@ -236,7 +232,7 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Every PD configuration's speedup over colocated (none picked), the paper's range for its model."""
     return [
-        headline_row(
+        report.headline_row(
             f"step, colocated / {r['config']} ({r['model']}, {r['groups']} groups)",
             r["speedup"],
             r["ci_low"],
@@ -249,10 +245,10 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     rows = run_loop(_measure(s), s.clock == "virtual")
     note = _note(rows, s)
-    return publish(
+    return report.publish(
         args,
         "PD disaggregation: rollout step time and speedup over colocated",
         s,

@@ -36,6 +36,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from bench import report
 from bench.clock import run as run_loop
 from bench.harness import (
     Workload,
@@ -44,16 +45,6 @@ from bench.harness import (
     clock_unit_s,
     modelled_slots,
     rollout_step,
-)
-from bench.report import (
-    at_least,
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
 )
 from engine.types import TrajStatus
 
@@ -95,20 +86,26 @@ class Point:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--group-sizes", type=numbers(int, 1), help="GRPO group sizes G (default 4,8,16)")
-    p.add_argument("--env-groups", type=numbers(int, 1), help="groups per step (default 8,32)")
-    p.add_argument("--redundancy", type=numbers(int, 0), help="extra members per group r (default 0,1,2,4)")
+    p.add_argument("--group-sizes", type=report.numbers(int, 1), help="GRPO group sizes G (default 4,8,16)")
+    p.add_argument("--env-groups", type=report.numbers(int, 1), help="groups per step (default 8,32)")
     p.add_argument(
-        "--straggler-rates", type=numbers(float, 0), help="shares of slow envs (default 0.05,0.1,0.2)"
+        "--redundancy", type=report.numbers(int, 0), help="extra members per group r (default 0,1,2,4)"
     )
-    p.add_argument("--straggler-factors", type=numbers(float, 1), help="how much slower (default 2,4,8)")
+    p.add_argument(
+        "--straggler-rates", type=report.numbers(float, 0), help="shares of slow envs (default 0.05,0.1,0.2)"
+    )
+    p.add_argument(
+        "--straggler-factors", type=report.numbers(float, 1), help="how much slower (default 2,4,8)"
+    )
     p.add_argument("--fail-rate", type=float, help=f"share of envs that die (default {FULL.fail_rate})")
     p.add_argument(
         "--engines",
-        type=at_least(int, 1),
+        type=report.at_least(int, 1),
         help=f"generation engines for every r (default: one per {ENVS_PER_ENGINE} envs of r = 0)",
     )
-    p.add_argument("--seeds", type=numbers(int, 0), help="seeds of each configuration (default 0,1,2,3,4)")
+    p.add_argument(
+        "--seeds", type=report.numbers(int, 0), help="seeds of each configuration (default 0,1,2,3,4)"
+    )
     add_clock_arguments(p, FULL.unit_ms)
 
 
@@ -148,7 +145,9 @@ def _row(
     s: Settings, p: Point, r: int, runs: list[dict[str, float]], base: list[dict[str, float]]
 ) -> dict[str, Any]:
     """The seeds of one (configuration, r): medians, the speedup's interval, counts summed over seeds."""
-    speedup, low, high = median_ci([b["rollout_s"] / x["rollout_s"] for b, x in zip(base, runs, strict=True)])
+    speedup, low, high = report.median_ci(
+        [b["rollout_s"] / x["rollout_s"] for b, x in zip(base, runs, strict=True)]
+    )
     pays = "base" if r == 0 else "yes" if low > 1 else "no" if high < 1 else "~"
     return asdict(p) | {
         "redundancy": r,
@@ -186,7 +185,9 @@ def _plot(rows: list[dict[str, Any]], s: Settings, json_path: str | None) -> str
     spares = [r for r in s.redundancy if r > 0]
     shapes = list(itertools.product(s.group_sizes, s.env_groups))
     tails = list(itertools.product(s.straggler_rates, s.straggler_factors))
-    fig, axes = new_figure(2 + 0.9 * len(tails) * len(spares), 1.5 + 0.4 * len(shapes), cols=len(spares))
+    fig, axes = report.new_figure(
+        2 + 0.9 * len(tails) * len(spares), 1.5 + 0.4 * len(shapes), cols=len(spares)
+    )
     axes = list(axes) if len(spares) > 1 else [axes]
     half = max([0.01] + [abs(r["speedup"] - 1) for r in rows])  # symmetric about 1: equal gains and losses
     norm = Normalize(1 - half, 1 + half)
@@ -209,7 +210,7 @@ def _plot(rows: list[dict[str, Any]], s: Settings, json_path: str | None) -> str
         f"{PAPER_MAX_SPEEDUP}x); the same engines for every r",
         fontsize=7,
     )
-    return save_figure(fig, json_path, "redundancy.png")
+    return report.save_figure(fig, json_path, "redundancy.png")
 
 
 def _extremes(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
@@ -250,32 +251,32 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     spare, best, worst = _extremes(payload["rows"])
     pays = sum(r["pays"] == "yes" for r in spare) / len(spare)
     return [
-        headline_row(
+        report.headline_row(
             f"step, r=0 / r, best of {len(spare)} ({_where(best)})",
             best["speedup"],
             best["ci_low"],
             best["ci_high"],
             PAPER_MAX_SPEEDUP,
         ),
-        headline_row(
+        report.headline_row(
             f"step, r=0 / r, worst of {len(spare)} ({_where(worst)})",
             worst["speedup"],
             worst["ci_low"],
             worst["ci_high"],
         ),
-        headline_row(f"share of the {len(spare)} configurations with spares where r pays", pays),
+        report.headline_row(f"share of the {len(spare)} configurations with spares where r pays", pays),
     ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     if 0 not in s.redundancy:
         s = replace(s, redundancy=(0, *s.redundancy))  # the baseline every speedup needs
     if not any(r > 0 for r in s.redundancy):
         raise SystemExit("--redundancy needs an r > 0 to compare with r = 0")
     rows = run_loop(_measure(s), s.clock == "virtual")
     note = _note(rows, s)
-    return publish(
+    return report.publish(
         args,
         "Redundant env rollouts: step time and speedup over r = 0, equal engines",
         s,

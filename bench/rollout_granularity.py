@@ -38,19 +38,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bench import report
 from bench.clock import run as run_loop
 from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, run_to_batch, steady_gc
-from bench.report import (
-    at_least,
-    ci_text,
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
-)
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
@@ -99,20 +89,26 @@ def _envs(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = FULL
     parser.add_argument(
-        "--mu", type=at_least(float, 0, strict=True), help=f"mean env latency, s (default {d.mu})"
+        "--mu", type=report.at_least(float, 0, strict=True), help=f"mean env latency, s (default {d.mu})"
     )
-    parser.add_argument("--sigmas", type=numbers(float, 0), help="env latency std devs, s (default 1,2,5,10)")
+    parser.add_argument(
+        "--sigmas", type=report.numbers(float, 0), help="env latency std devs, s (default 1,2,5,10)"
+    )
     parser.add_argument("--envs", type=_envs, help=f"concurrent environments E (default {d.envs})")
     parser.add_argument(
-        "--turns", type=numbers(int, 1), help="turns T per trajectory, swept (25,50,100,200; quick 25,50)"
+        "--turns",
+        type=report.numbers(int, 1),
+        help="turns T per trajectory, swept (25,50,100,200; quick 25,50)",
     )
     add_clock_arguments(parser, d.unit_ms)
-    parser.add_argument("--seeds", type=numbers(int, 0), help="seeds of each (T, σ) (default 0-4; quick 0-2)")
+    parser.add_argument(
+        "--seeds", type=report.numbers(int, 0), help="seeds of each (T, σ) (default 0-4; quick 0-2)"
+    )
 
 
 def settings(args: argparse.Namespace) -> Settings:
     """`--quick` picks the base; every option given explicitly overrides it."""
-    return pick_settings(args, FULL, QUICK)
+    return report.pick_settings(args, FULL, QUICK)
 
 
 # -- the draws and the ideal schedule ----------------------------------------------------------------
@@ -267,7 +263,7 @@ async def _one(s: Settings, turns: int, sigma: float, seed: int, chat: ChatForma
 
 def _row(s: Settings, turns: int, sigma: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One (T, σ): the median of each figure over the seeds, the speedup's bootstrap 95% interval."""
-    speedup, low, high = median_ci([r["speedup"] for r in runs])
+    speedup, low, high = report.median_ci([r["speedup"] for r in runs])
     keys = [k for k in runs[0] if k not in ("seed", "speedup")]
     return {
         "turns": turns,
@@ -296,7 +292,7 @@ async def _measure(s: Settings) -> list[dict[str, Any]]:
 
 # -- output ------------------------------------------------------------------------------------------
 def _plot(rows: list[dict[str, Any]], s: Settings, path: str | None) -> str:
-    fig, ax = new_figure()
+    fig, ax = report.new_figure()
     for k, turns in enumerate(s.turns):
         mine = [r for r in rows if r["turns"] == turns]
         sig = [r["sigma"] for r in mine]
@@ -310,7 +306,7 @@ def _plot(rows: list[dict[str, Any]], s: Settings, path: str | None) -> str:
     ax.set_title(f"Trajectory vs batch rollout: E={s.envs}, μ={s.mu} s, {s.clock} clock")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return save_figure(fig, path, "rollout_granularity.png")
+    return report.save_figure(fig, path, "rollout_granularity.png")
 
 
 def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -321,7 +317,7 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             "σ": f"{r['sigma']:g}",
             "traj_s": f"{r['traj_s']:.1f}",
             "batch_s": f"{r['batch_s']:.1f}",
-            "speedup": ci_text(r["speedup"], r["ci_low"], r["ci_high"], ".3f"),
+            "speedup": report.ci_text(r["speedup"], r["ci_low"], r["ci_high"], ".3f"),
             "paper": "—" if r["paper_speedup"] is None else f"{r['paper_speedup']:.2f}",
             "ideal×": f"{r['ideal_speedup']:.3f}",
             "eff": f"{r['efficiency']:.3f}",
@@ -345,7 +341,7 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     the ideal from the draws; the interval is over the seeds' draws."""
     rows = [r for r in payload["rows"] if r["paper_speedup"] is not None] or payload["rows"]
     return [
-        headline_row(
+        report.headline_row(
             f"step time batch/trajectory, σ={r['sigma']:g}, T={r['turns']}",
             r["speedup"],
             r["ci_low"],
@@ -377,7 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     # on the wall clock other processes share the CPUs: the load is part of the result
     load = {"load_1m": os.getloadavg()[0]} if s.clock == "wall" else {}
-    return publish(
+    return report.publish(
         args,
         "R2: rollout step time, trajectory vs batch granularity",
         s,

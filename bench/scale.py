@@ -42,16 +42,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench import report
 from bench.harness import Workload, clock_note, modelled_slots, rollout_step
-from bench.report import (
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
-)
 
 MODEL, PER_ENGINE, GROUP = "qwen2.5-7b", 256, 8
 Run = dict[str, float]  # one step at one concurrency on one seed
@@ -87,7 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, help=f"turns per trajectory (default {FULL.turns})")
     p.add_argument("--env-s", type=float, help=f"modelled seconds per env reset/step (default {FULL.env_s})")
     p.add_argument("--unit-ms", type=float, help=f"wall ms per modelled second (default {FULL.unit_ms})")
-    p.add_argument("--seeds", type=numbers(int, 0), help="seeds (repetitions) of each E (default 0,1,2,3,4)")
+    p.add_argument(
+        "--seeds", type=report.numbers(int, 0), help="seeds (repetitions) of each E (default 0,1,2,3,4)"
+    )
 
 
 def _cpu_s() -> float:
@@ -125,9 +119,9 @@ async def measure(s: Settings, e: int, seed: int, turns: int | None = None) -> R
 
 def summarize(e: int, runs: list[Run]) -> dict[str, Any]:
     """One row: the median of each metric over the seeds, with 95% intervals of the three measured ones."""
-    eff, low, high = median_ci([r["efficiency"] for r in runs])
-    over, over_low, over_high = median_ci([r["overhead_ms_per_request"] for r in runs])
-    delay, delay_low, delay_high = median_ci([r["delay_ms_per_turn"] for r in runs])
+    eff, low, high = report.median_ci([r["efficiency"] for r in runs])
+    over, over_low, over_high = report.median_ci([r["overhead_ms_per_request"] for r in runs])
+    delay, delay_low, delay_high = report.median_ci([r["delay_ms_per_turn"] for r in runs])
     return {
         "concurrency": e,
         "efficiency": eff,
@@ -162,7 +156,7 @@ def _errorbar(ax: Any, rows: list[dict[str, Any]], key: str, prefix: str, **kw: 
 
 
 def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
-    fig, (left, right) = new_figure(9, 4, cols=2)
+    fig, (left, right) = report.new_figure(9, 4, cols=2)
     cpu = left.twinx()
     _errorbar(left, rows, "delay_ms_per_turn", "delay_ci", fmt="s--", color="C1")
     _errorbar(cpu, rows, "overhead_ms_per_request", "overhead_ci", fmt="o-", color="C0")
@@ -175,7 +169,7 @@ def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
         ax.set_xticks([r["concurrency"] for r in rows], [str(r["concurrency"]) for r in rows])
         ax.minorticks_off()
     fig.suptitle(f"One LLMProxy on {os.cpu_count()} CPU cores (median, 95% CI over seeds)")
-    return save_figure(fig, json_path, "scale.png")
+    return report.save_figure(fig, json_path, "scale.png")
 
 
 def _note(rows: list[dict[str, Any]], s: Settings) -> str:
@@ -199,7 +193,7 @@ def _note(rows: list[dict[str, Any]], s: Settings) -> str:
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Rollout efficiency (ideal / measured step) at each concurrency; a free control plane keeps 1.0."""
     return [
-        headline_row(
+        report.headline_row(
             f"rollout efficiency, E={r['concurrency']}", r["efficiency"], r["ci_low"], r["ci_high"], ideal=1.0
         )
         for r in payload["rows"]
@@ -207,10 +201,10 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     rows = asyncio.run(_measure(s))
     note = _note(rows, s)
-    return publish(
+    return report.publish(
         args,
         "Control-plane overhead vs concurrency (one LLMProxy)",
         s,

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bench import report
 from bench.clock import run as run_loop
 from bench.harness import (
     add_clock_arguments,
@@ -59,16 +60,6 @@ from bench.harness import (
     min_sleep_s,
     modelled_slots,
     rollout_step,
-)
-from bench.report import (
-    at_least,
-    headline_row,
-    median_ci,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
 )
 
 if TYPE_CHECKING:
@@ -214,25 +205,29 @@ def configs(s: Settings) -> list[Config]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=at_least(int, 2), help=f"H800s of the reserved setup ({FULL.gpus})")
+    p.add_argument("--gpus", type=report.at_least(int, 2), help=f"H800s of the reserved setup ({FULL.gpus})")
     p.add_argument(
-        "--reward-gpus", type=at_least(int, 1), help=f"of them reserved for the judge ({FULL.reward_gpus})"
+        "--reward-gpus",
+        type=report.at_least(int, 1),
+        help=f"of them reserved for the judge ({FULL.reward_gpus})",
     )
-    p.add_argument("--groups", type=at_least(int, 1), help=f"groups of 8 per step (default {FULL.groups})")
     p.add_argument(
-        "--cold-start-s", type=at_least(float, 0), help=f"instance start time ({FULL.cold_start_s})"
+        "--groups", type=report.at_least(int, 1), help=f"groups of 8 per step (default {FULL.groups})"
+    )
+    p.add_argument(
+        "--cold-start-s", type=report.at_least(float, 0), help=f"instance start time ({FULL.cold_start_s})"
     )
     p.add_argument(
         "--idle-s",
-        type=numbers(float, 0),
+        type=report.numbers(float, 0),
         help="keep-alive after an instance's last call, billed; one serverless row each (default 10,60)",
     )
     p.add_argument(
         "--billed-min-s",
-        type=at_least(float, 0),
+        type=report.at_least(float, 0),
         help=f"billed minimum per instance start ({FULL.billed_min_s})",
     )
-    p.add_argument("--seeds", type=numbers(int, 0), help="seeds of every setup (default 0,1,2,3,4)")
+    p.add_argument("--seeds", type=report.numbers(int, 0), help="seeds of every setup (default 0,1,2,3,4)")
     add_clock_arguments(p, FULL.unit_ms)
 
 
@@ -277,8 +272,8 @@ async def _measure(s: Settings, c: Config, seed: int, unit_s: float) -> dict[str
 def _row(c: Config, runs: list[dict[str, float]], base: list[dict[str, float]], seed: int) -> dict[str, Any]:
     """One setup over the seeds: medians; the gain per GPU-second and utilisation with 95% intervals."""
     pairs = list(zip(base, runs, strict=True))
-    gain, low, high = median_ci([b["gpu_s"] / r["gpu_s"] for b, r in pairs], seed)
-    util, util_low, util_high = median_ci([r["busy_s"] / r["billed_s"] for r in runs], seed)
+    gain, low, high = report.median_ci([b["gpu_s"] / r["gpu_s"] for b, r in pairs], seed)
+    util, util_low, util_high = report.median_ci([r["busy_s"] / r["billed_s"] for r in runs], seed)
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in runs)
@@ -314,7 +309,7 @@ def _label(r: dict[str, Any]) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
-    fig, axes = new_figure(14, 4.5, cols=3)
+    fig, axes = report.new_figure(14, 4.5, cols=3)
     at = range(len(rows))
     for ax, key, ci, paper, label in (
         (axes[0], "reward_utilization", "util_ci", "reward_utilization", "judge utilisation (busy / billed)"),
@@ -334,7 +329,7 @@ def _plot(rows: list[dict[str, Any]], json_path: str | None) -> str:
         ax.legend(fontsize=7)
     axes[2].axhline(1.0, color="grey", lw=0.8)
     fig.suptitle("R3: LLM-judge reward on reserved GPUs vs serverless (billed keep-alive, equal-cost gain)")
-    return save_figure(fig, json_path, "serverless.png")
+    return report.save_figure(fig, json_path, "serverless.png")
 
 
 def _note(rows: list[dict[str, Any]], s: Settings) -> str:
@@ -364,26 +359,28 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
         where = f"{r['setup']}, {r['gen_gpus']} gen GPUs, {r['judge']}"
         util = (r["reward_utilization"], r["util_ci_low"], r["util_ci_high"])
         out.append(
-            headline_row(f"judge utilisation ({where})", *util, PAPER["reward_utilization"][r["setup"]])
+            report.headline_row(
+                f"judge utilisation ({where})", *util, PAPER["reward_utilization"][r["setup"]]
+            )
         )
         if r["setup"] == "serverless":
-            out.append(headline_row(f"GPU-s per step, reserved / this ({where})", r["gain_per_gpu_s"],
+            out.append(report.headline_row(f"GPU-s per step, reserved / this ({where})", r["gain_per_gpu_s"],
                                     r["ci_low"], r["ci_high"]))  # fmt: skip
         if r["setup"] == "serverless" and r["gen_gpus"] > rows[0]["gen_gpus"]:
             paper = PAPER["rollout_s"]["reserved"] / PAPER["rollout_s"]["serverless"]
-            out.append(headline_row(f"step, reserved / this ({where})", r["speedup"], paper=paper))
+            out.append(report.headline_row(f"step, reserved / this ({where})", r["speedup"], paper=paper))
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     if not 0 < s.reward_gpus < s.gpus:
         raise SystemExit(f"need 0 < --reward-gpus < --gpus, got {s.reward_gpus} of {s.gpus}")
     if not s.idle_s or not s.seeds:
         raise SystemExit("need at least one --idle-s and one --seeds")
     rows = run_loop(_all(s, clock_unit_s(s.clock, s.unit_ms)), s.clock == "virtual")
     note = _note(rows, s)
-    return publish(
+    return report.publish(
         args,
         "R3: reward on reserved GPUs vs serverless, cost in GPU-seconds per step",
         s,

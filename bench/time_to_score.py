@@ -35,19 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import report
 from bench.async_runs import LatencyEnvs
-from bench.report import (
-    at_least,
-    headline_row,
-    median_ci,
-    names_of,
-    new_figure,
-    numbers,
-    or_dash,
-    pick_settings,
-    publish,
-    save_figure,
-)
 from engine.modes import policy
 
 if TYPE_CHECKING:
@@ -110,14 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="the experiment config trained (default configs/quickstart.yaml)")
     add("--runs", type=_runs, help="modes with their α, e.g. 'sync+,areal:1,rollart:1,rollart:2'")
-    add("--seeds", type=numbers(int, 0), help="train.seed of each run (default 0,1,2)")
-    add("--settings", type=names_of(SETTINGS), help="plain, waiting or both (default both)")
-    add("--layouts", type=names_of(LAYOUTS), help="shared, split or both (default both)")
-    add("--steps", type=at_least(int, 1), help="training steps per run")
-    add("--eval-every", type=at_least(int, 1), help="a checkpoint scored every k steps (and the last)")
-    add("--eval-problems", type=at_least(int, 1), help="held-out questions scored per checkpoint")
-    add("--wait-ms", type=at_least(float, 0), help="waiting setting: mean env latency per reset/step")
-    add("--wait-sigma-ms", type=at_least(float, 0), help="its std dev")
+    add("--seeds", type=report.numbers(int, 0), help="train.seed of each run (default 0,1,2)")
+    add("--settings", type=report.names_of(SETTINGS), help="plain, waiting or both (default both)")
+    add("--layouts", type=report.names_of(LAYOUTS), help="shared, split or both (default both)")
+    add("--steps", type=report.at_least(int, 1), help="training steps per run")
+    add("--eval-every", type=report.at_least(int, 1), help="a checkpoint scored every k steps (and the last)")
+    add("--eval-problems", type=report.at_least(int, 1), help="held-out questions scored per checkpoint")
+    add("--wait-ms", type=report.at_least(float, 0), help="waiting setting: mean env latency per reset/step")
+    add("--wait-sigma-ms", type=report.at_least(float, 0), help="its std dev")
     add(
         "--set",
         dest="overrides",
@@ -127,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--target",
-        type=at_least(float, 0),
+        type=report.at_least(float, 0),
         help=f"held-out success to reach (default {TARGET_SHARE} × sync+)",
     )
 
@@ -202,6 +191,7 @@ def _train(
                 m = await proto.step()
                 phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
                 tokens += (await exp.rollout.stats.remote())["tokens"]
+                print(f"  {name} step {step}/{s.steps}: {m['step_s']:.1f} s", flush=True)
                 if step % s.eval_every == 0 or step == s.steps:
                     clock = time.perf_counter() - t0  # the weights scored are those of this moment
                     path = await exp.trainer.save.remote(str(checkpoints), {"step": step})
@@ -286,7 +276,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (setting, layout, mode, alpha), rs in groups.items():
         times = [r["time_to_target_s"] for r in rs if r["reached"]]
-        median, low, high = median_ci(times) if len(times) == len(rs) else (None, None, None)
+        median, low, high = report.median_ci(times) if len(times) == len(rs) else (None, None, None)
         out.append(
             {
                 "setting": setting,
@@ -312,12 +302,15 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """rollart α=1's time to the target, sync+'s median / its, per setting and layout (paper: 2.05×)."""
     ours = [o for o in payload["summary"] if (o["mode"], o["alpha"]) == ("rollart", 1)]
     where = [f"time to target, sync+ / rollart α=1 ({o['setting']} envs, {o['layout']} cores)" for o in ours]
-    return [headline_row(w, o["speedup_vs_sync_plus"], paper=2.05) for w, o in zip(where, ours, strict=True)]
+    return [
+        report.headline_row(w, o["speedup_vs_sync_plus"], paper=2.05)
+        for w, o in zip(where, ours, strict=True)
+    ]
 
 
 def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
     panels = sorted({(r["setting"], r["layout"]) for r in runs})
-    fig, axes = new_figure(6 * len(panels), 4, cols=len(panels))
+    fig, axes = report.new_figure(6 * len(panels), 4, cols=len(panels))
     axes = axes if len(panels) > 1 else [axes]
     for ax, (setting, layout) in zip(axes, panels, strict=True):
         for r in (r for r in runs if (r["setting"], r["layout"]) == (setting, layout)):
@@ -327,7 +320,7 @@ def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
         ax.axhline(target, color="k", linestyle="--", label=f"target {target:.2f}")
         ax.set(xlabel="training wall time (s)", ylabel="held-out success", title=f"{setting}, {layout}")
         ax.legend(fontsize=7)
-    return save_figure(fig, path, "time_to_score.png")
+    return report.save_figure(fig, path, "time_to_score.png")
 
 
 def _table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -339,9 +332,9 @@ def _table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
             "mode": o["mode"],
             "α": str(o["alpha"]),
             "reached": o["reached"],
-            "median s": or_dash(o["median_s"]),
-            "range s": f"{or_dash(o['min_s'])}–{or_dash(o['max_s'])}",
-            "×sync+": or_dash(o["speedup_vs_sync_plus"], ".2f"),
+            "median s": report.or_dash(o["median_s"]),
+            "range s": f"{report.or_dash(o['min_s'])}–{report.or_dash(o['max_s'])}",
+            "×sync+": report.or_dash(o["speedup_vs_sync_plus"], ".2f"),
         }
         for o in summary
     ]
@@ -350,7 +343,7 @@ def _table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     runs: list[dict[str, Any]] = []
     before: float | None = None
     with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp:
@@ -384,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode's, same setting and layout (paper: 2.05× at α = 1).\n"
     )
     table = _table(summary)
-    return publish(
+    return report.publish(
         args,
         "Time to a held-out score",
         s,

@@ -31,17 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import report
 from bench.async_runs import LatencyEnvs
-from bench.report import (
-    at_least,
-    headline_row,
-    median_ci,
-    names_of,
-    new_figure,
-    pick_settings,
-    publish,
-    save_figure,
-)
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
@@ -74,13 +65,15 @@ QUICK = replace(FULL, models=("tiny",), steps=5, warmup=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", type=names_of(tuple(MODELS)), help="tiny,smollm2 (quick: tiny)")
-    p.add_argument("--settings", type=names_of(SETTINGS), help="single-turn,waiting-env (default both)")
-    p.add_argument("--steps", type=at_least(int, 2), help=f"measured steps per run ({FULL.steps})")
-    p.add_argument("--warmup", type=at_least(int, 0), help=f"unmeasured steps first ({FULL.warmup})")
-    p.add_argument("--threads", type=at_least(int, 1), help="CPU threads of each system (2)")
-    p.add_argument("--reward-level", type=at_least(float, 0), help="training reward to reach (0.3)")
-    p.add_argument("--seed", type=at_least(int, 0), help="seed of both systems (0)")
+    p.add_argument("--models", type=report.names_of(tuple(MODELS)), help="tiny,smollm2 (quick: tiny)")
+    p.add_argument(
+        "--settings", type=report.names_of(SETTINGS), help="single-turn,waiting-env (default both)"
+    )
+    p.add_argument("--steps", type=report.at_least(int, 2), help=f"measured steps per run ({FULL.steps})")
+    p.add_argument("--warmup", type=report.at_least(int, 0), help=f"unmeasured steps first ({FULL.warmup})")
+    p.add_argument("--threads", type=report.at_least(int, 1), help="CPU threads of each system (2)")
+    p.add_argument("--reward-level", type=report.at_least(float, 0), help="training reward to reach (0.3)")
+    p.add_argument("--seed", type=report.at_least(int, 0), help="seed of both systems (0)")
 
 
 # -- the runs ------------------------------------------------------------------------------------------
@@ -204,7 +197,7 @@ def _trl(s: Settings, model: str, setting: str, root: Path) -> dict[str, Any]:
 def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s: Settings) -> dict[str, Any]:
     """The JSON row of one run (module doc)."""
     measured = run["steps"][s.warmup :]
-    step_s, ci_low, ci_high = median_ci([m["step_s"] for m in measured], s.seed)
+    step_s, ci_low, ci_high = report.median_ci([m["step_s"] for m in measured], s.seed)
     wall = sum(m["step_s"] for m in measured)
     elapsed, reached = 0.0, None
     for m in run["steps"]:
@@ -252,7 +245,7 @@ def _who(r: dict[str, Any]) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
-    fig, ax = new_figure(7.0, 4.0)
+    fig, ax = report.new_figure(7.0, 4.0)
     x = range(len(rows))
     ax.bar(x, [r["rollout_s"] for r in rows], label="rollout")
     ax.bar(x, [r["train_s"] for r in rows], bottom=[r["rollout_s"] for r in rows], label="train")
@@ -260,20 +253,22 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
     ax.set(ylabel="median step, s")
     ax.set_title("rollart vs TRL GRPOTrainer: where a step's time goes")
     ax.legend()
-    return save_figure(fig, path, "vs_trl.png")
+    return report.save_figure(fig, path, "vs_trl.png")
 
 
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Each rollart mode's generated tokens/s over TRL's, per model and setting (one run each: no interval;
     the paper has no TRL figure)."""
     return [
-        headline_row(f"gen tokens/s, rollart {v['mode']} / TRL ({v['model']}, {v['setting']})", v["vs_trl"])
+        report.headline_row(
+            f"gen tokens/s, rollart {v['mode']} / TRL ({v['model']}, {v['setting']})", v["vs_trl"]
+        )
         for v in payload["vs_trl"]
     ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         root = Path(tmp)
@@ -297,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "Generated tokens/s over TRL's: "
         + ", ".join(f"{v['model']} {v['setting']} {v['mode']} {v['vs_trl']:.2f}x" for v in vs)
     )
-    return publish(
+    return report.publish(
         args,
         "rollart vs TRL GRPOTrainer",
         s,

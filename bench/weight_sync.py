@@ -43,19 +43,7 @@ from pathlib import Path
 from subprocess import PIPE, Popen
 from typing import Any
 
-from bench.report import (
-    at_least,
-    ci_errors,
-    headline_row,
-    load_note,
-    median_ci,
-    names_of,
-    new_figure,
-    numbers,
-    pick_settings,
-    publish,
-    save_figure,
-)
+from bench import report
 
 MiB = 1 << 20
 PAPER_HIDDEN = (0.67, 0.78)
@@ -80,13 +68,13 @@ QUICK = replace(FULL, model_mb=(16, 128), bucket_mb=(16, 64), steps=3)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    f, q, add = FULL, QUICK, parser.add_argument
-    add("--stores", type=names_of(("mooncake", "ray")), help="mooncake,ray (default both)")
-    add("--model-mb", type=numbers(int, 1), help=f"state dict sizes, MiB ({f.model_mb}; quick {q.model_mb})")
-    add("--bucket-mb", type=numbers(int, 1), help=f"bucket sizes, MiB ({f.bucket_mb}; quick {q.bucket_mb})")
-    add("--steps", type=at_least(int, 1), help=f"steps per setting and window ({f.steps}; quick {q.steps})")
-    add("--window-s", type=at_least(float, 0), help="the window (default: one batch's rollout, measured)")
-    add("--seed", type=at_least(int, 0), help="seeds the weights and the bootstrap (default 0)")
+    f, q, add, rp = FULL, QUICK, parser.add_argument, report
+    add("--stores", type=rp.names_of(("mooncake", "ray")), help="mooncake,ray (default both)")
+    add("--model-mb", type=rp.numbers(int, 1), help=f"weights, MiB ({f.model_mb}; quick {q.model_mb})")
+    add("--bucket-mb", type=rp.numbers(int, 1), help=f"buckets, MiB ({f.bucket_mb}; quick {q.bucket_mb})")
+    add("--steps", type=rp.at_least(int, 1), help=f"steps per setting, window ({f.steps}; quick {q.steps})")
+    add("--window-s", type=rp.at_least(float, 0), help="the window (default: one batch's rollout, measured)")
+    add("--seed", type=rp.at_least(int, 0), help="seeds the weights and the bootstrap (default 0)")
 
 
 # -- pure parts --------------------------------------------------------------------------------------
@@ -118,7 +106,7 @@ def pull_in_push(pulled: dict[str, float], push_end: float) -> float:
 def summarize(key: dict[str, Any], steps: Sequence[dict[str, Any]], seed: int) -> dict[str, Any]:
     """One row from one window's steps: the medians of the times, the hidden fraction with its interval."""
     hidden = [hidden_fraction(s["push_s"], s["pull_s"], s["exposed_pull_s"]) for s in steps]
-    med, low, high = median_ci(hidden, seed)
+    med, low, high = report.median_ci(hidden, seed)
     return {
         **key,
         "bytes": int(steps[0]["bytes"]),
@@ -329,13 +317,13 @@ def _table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
-    fig, axes = new_figure(10, 4, cols=2)
+    fig, axes = report.new_figure(10, 4, cols=2)
     sizes, bottom = sorted({r["model_mb"] for r in rows}), min(0.0, *(r["ci_low"] for r in rows)) - 0.05
     for ax, window in zip(axes, WINDOWS, strict=True):
         for store, bucket in sorted({(r["store"], r["bucket_mb"]) for r in rows}):
             pts = [r for r in rows if (r["store"], r["bucket_mb"], r["window"]) == (store, bucket, window)]
             mid = [r["hidden_fraction"] for r in pts]
-            err = ci_errors(pts, "hidden_fraction", "ci_low", "ci_high")
+            err = report.ci_errors(pts, "hidden_fraction", "ci_low", "ci_high")
             fmt, label = "o-" if store == "mooncake" else "s--", f"{store}, {bucket} MiB buckets"
             ax.errorbar([r["model_mb"] for r in pts], mid, yerr=err, fmt=fmt, capsize=3, label=label)
         ax.axhspan(*PAPER_HIDDEN, color="tab:orange", alpha=0.2, label="paper (67–78%)")
@@ -345,15 +333,19 @@ def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
         ax.set_xticks(sizes, [str(m) for m in sizes])
         ax.minorticks_off()
         ax.legend(fontsize=7)
-    return save_figure(fig, path, "weight_sync.png")
+    return report.save_figure(fig, path, "weight_sync.png")
 
 
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """The least hidden row per window (the note's "at worst"), its `hidden_max` the ideal; target >= 0.9."""
     least_first = sorted(payload["rows"], key=lambda r: r["hidden_fraction"])
-    return [headline_row("hidden, worst {window}: {store} {model_mb} MiB, bucket {bucket_mb}".format_map(r),
-                         r["hidden_fraction"], r["ci_low"], r["ci_high"], PAPER_HIDDEN, r["hidden_max"])
-            for r in (next(x for x in least_first if x["window"] == w) for w in WINDOWS)]  # fmt: skip
+    worst = (next(x for x in least_first if x["window"] == w) for w in WINDOWS)
+    label = "hidden, worst {window}: {store} {model_mb} MiB, bucket {bucket_mb}"
+    hidden = ("hidden_fraction", "ci_low", "ci_high")
+    return [
+        report.headline_row(label.format_map(r), *map(r.get, hidden), PAPER_HIDDEN, r["hidden_max"])
+        for r in worst
+    ]
 
 
 def _note(s: Settings, window: dict[str, Any], rows: list[dict[str, Any]]) -> str:
@@ -371,14 +363,14 @@ def _note(s: Settings, window: dict[str, Any], rows: list[dict[str, Any]]) -> st
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = pick_settings(args, FULL, QUICK)
+    s = report.pick_settings(args, FULL, QUICK)
     load_before = os.getloadavg()
     window = {"window_s": s.window_s, "source": "given"} if s.window_s is not None else measure_window(s.seed)
     measured = _measure_all(s, window["window_s"])
     load_after = os.getloadavg()
     rows = [{k: v for k, v in r.items() if k != "steps"} for r in measured]
-    note = _note(s, window, rows) + "\n" + load_note(load_before, load_after, os.cpu_count())
-    return publish(
+    note = _note(s, window, rows) + "\n" + report.load_note(load_before, load_after, os.cpu_count())
+    return report.publish(
         args,
         "Weight sync: push, pull, exposed pull per step",
         s,

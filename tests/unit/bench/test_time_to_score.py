@@ -2,6 +2,7 @@ import argparse
 
 import pytest
 
+from bench import report
 from bench import time_to_score as tts
 
 
@@ -115,7 +116,7 @@ def test_runs_are_parsed_with_each_modes_alpha():
     parser.add_argument("--quick", action="store_true")  # as the CLI adds it to every benchmark
     tts.add_arguments(parser)
     args = parser.parse_args(["--quick", "--seeds", "3,4", "--target", "0.4", "--layouts", "shared,split"])
-    s = tts.pick_settings(args, tts.FULL, tts.QUICK)
+    s = report.pick_settings(args, tts.FULL, tts.QUICK)
     assert s.seeds == (3, 4) and s.target == 0.4 and s.runs == (("sync+", 0), ("rollart", 1))
     assert s.layouts == ("shared", "split")
     with pytest.raises(SystemExit):
@@ -128,13 +129,13 @@ def test_set_fields_reach_every_runs_config_and_a_bad_one_is_refused_by_name(tmp
     parser = argparse.ArgumentParser()
     tts.add_arguments(parser)
     args = parser.parse_args(["--set", "train.drop_uniform_groups=true", "--set", "train.lr=0.00002"])
-    s = tts.pick_settings(args, tts.FULL, tts.QUICK)
+    s = report.pick_settings(args, tts.FULL, tts.QUICK)
     cfg = tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path)
     assert cfg.train.drop_uniform_groups and cfg.train.lr == 0.00002
     assert (cfg.train.mode, cfg.train.alpha, cfg.train.seed) == ("rollart", 1, 2)
     assert cfg.name == "tts-waiting-split-rollart-a1-s2"
     plain = tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path)
     assert not plain.train.drop_uniform_groups and plain.train.lr == 0.00001
-    bad = tts.pick_settings(parser.parse_args(["--set", "train.drop_uniform=true"]), tts.FULL, tts.QUICK)
+    bad = report.pick_settings(parser.parse_args(["--set", "train.drop_uniform=true"]), tts.FULL, tts.QUICK)
     with pytest.raises(ConfigError, match="drop_uniform"):
         tts.run_config(bad, "waiting", "split", "rollart", 1, 2, tmp_path)
