@@ -116,9 +116,7 @@ class RolloutService:
         `acall_split`, so on Ray the groups go from this actor's object store straight to the trainer and
         only the size passes through the driver."""
         groups = await self.get_batch(num_groups, version, timeout_s)
-        members = [m for g in groups for m in g.members]
-        tokens = sum(m.num_action_tokens for m in members)
-        return {"trajectories": len(members), "action_tokens": tokens}, groups
+        return {"action_tokens": sum(m.num_action_tokens for g in groups for m in g.members)}, groups
 
     async def advance(self, version: int) -> int:
         return await self.scheduler.advance(version)

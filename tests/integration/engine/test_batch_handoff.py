@@ -39,7 +39,7 @@ class Rollout:
     def take_batch(self, n: int, version: int, timeout_s: float | None) -> tuple[dict[str, int], Batch]:
         if self.fail:
             raise RuntimeError("rollout stopped: the scheduler ended")
-        return {"trajectories": 4 * n, "action_tokens": 7 * n}, Batch(BATCH_BYTES)
+        return {"action_tokens": 7 * n}, Batch(BATCH_BYTES)
 
     def advance(self, version: int) -> int:
         return version

@@ -13,7 +13,7 @@ class Rollout:
         self.advanced: list[int] = []
 
     def take_batch(self, n: int, version: int, timeout_s: float | None) -> tuple[dict[str, int], list[str]]:
-        return {"trajectories": 2 * n, "action_tokens": 5 * n}, [f"group-{i}" for i in range(n)]
+        return {"action_tokens": 5 * n}, [f"group-{i}" for i in range(n)]
 
     def advance(self, version: int) -> None:
         self.advanced.append(version)
