@@ -23,6 +23,7 @@ from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
+SHUTDOWN_S = 240  # a `rollart deploy` runner given SIGTERM has this long to exit
 
 
 def experiment(tmp_path: Path) -> dict:
@@ -138,7 +139,9 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
                 ]
                 assert automation.actions[0].deployment_id == dep.id
         deploy.terminate()  # what the automation starts now stays scheduled: no runner serves it
-        deploy.wait(timeout=60)
+        # the runner's graceful shutdown pauses its deployments through the API: on a loaded 2-core machine
+        # that took over 60 s once (the process then exited 0)
+        deploy.wait(timeout=SHUTDOWN_S)
         with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
             async with get_client() as client:
                 # a third failure in a row is past --auto-resume 2: no run; a first one: one run, resuming
@@ -166,7 +169,7 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
     finally:
         if deploy.poll() is None:
             deploy.terminate()
-            deploy.wait(timeout=60)
+            deploy.wait(timeout=SHUTDOWN_S)
         log.close()
 
     store = MetadataStore(f"sqlite:///{tmp_path}/runs/sched/metadata.db")
