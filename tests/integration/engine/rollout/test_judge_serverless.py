@@ -20,13 +20,11 @@ from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient
 from tasks.setup import deploy_reward
 from tests.integration.runs import G, ray_for, tiny_config
+from tests.services import COLD_CALL_S
 
 # Serve's HTTP proxy on another loopback address, as a run's `network.host` would put it on a private
 # interface: the test stays on loopback and still tells the configured host from the default one
 HOST = "127.0.0.2"
-# a call's read timeout: the first call to a scaled-to-zero judge waits for a replica to start and load its
-# model, which under the other test process's load took over 30 s for a lighter endpoint (test_serve.py)
-CALL_S = 180
 
 pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 
@@ -60,7 +58,7 @@ def judge_endpoint(tmp_path_factory):
 
 async def test_judge_scores_on_the_endpoint_like_the_same_judge_run_locally(judge_endpoint):
     model_dir, url, token = judge_endpoint
-    client = ServerlessClient(url, token, timeout_s=CALL_S)
+    client = ServerlessClient(url, token, timeout_s=COLD_CALL_S)
     assert replica_count("judge") == 0  # min_replicas=0: the model is loaded by the first call
     scorer = RewardScorer(serverless_scorer(client), retries=1)
     first = await scorer(trajectory("a", "<answer>5</answer>"))
@@ -75,7 +73,7 @@ async def test_judge_scores_on_the_endpoint_like_the_same_judge_run_locally(judg
 
 async def test_judge_error_is_retried_then_marks_the_trajectory_failed(judge_endpoint):
     _, url, token = judge_endpoint
-    client = ServerlessClient(url, token, timeout_s=CALL_S, retries=1, backoff_s=0.01)
+    client = ServerlessClient(url, token, timeout_s=COLD_CALL_S, retries=1, backoff_s=0.01)
     empty = Trajectory("c", "g1", "arith", 3, status=TrajStatus.DONE)
     t = await RewardScorer(serverless_scorer(client), retries=0)(empty)
     assert t.status == TrajStatus.FAILED and t.reward is None and client.attempts == 2
@@ -86,7 +84,7 @@ async def test_judge_error_is_retried_then_marks_the_trajectory_failed(judge_end
 
 
 def _untokened_status(url: str) -> int:
-    return httpx.post(url, json={"args": [{}], "kwargs": {}}, timeout=CALL_S).status_code
+    return httpx.post(url, json={"args": [{}], "kwargs": {}}, timeout=COLD_CALL_S).status_code
 
 
 def _scaled_to_zero(endpoint, timeout_s: float = 30.0) -> bool:

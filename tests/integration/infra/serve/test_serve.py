@@ -15,17 +15,13 @@ from ray import serve
 
 from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient, ServerlessError
+from tests.services import COLD_CALL_S
 
 ROOT = Path(__file__).resolve().parents[4]
 # infra.serve sets the deprecated (but, in Ray 2.60, only working) metrics_interval_s; see its comment.
 pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 SMALL = {"num_cpus": 0.25}  # three endpoints side by side on a 2-CPU Ray
 _factory_calls = 0  # per replica process: how often the factory ran there
-
-
-# An HTTP call's read timeout: the first call to a deployment waits for its replica to start, which takes
-# far longer on a loaded 2-core machine than idle (what is tested is what it answers, not how soon).
-CALL_S = 180
 
 
 def make_counter() -> Callable[..., dict]:
@@ -93,7 +89,7 @@ def test_no_replica_before_the_first_call_then_one_that_built_the_scorer_once(co
 def test_wrong_or_missing_token_is_401(counter, header):
     url, token = counter
     headers = {"Authorization": header.format(token=token)} if header else {}
-    resp = httpx.post(url, json={"args": [1], "kwargs": {}}, headers=headers, timeout=CALL_S)
+    resp = httpx.post(url, json={"args": [1], "kwargs": {}}, headers=headers, timeout=COLD_CALL_S)
     assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
     assert resp.json() == {"error": "missing or wrong bearer token"}
 
@@ -113,7 +109,7 @@ def test_client_with_a_bad_token_raises_without_retrying(counter, token):
 )
 def test_malformed_call_is_400(counter, body, error):
     url, token = counter
-    resp = httpx.post(url, content=body, headers={"Authorization": f"Bearer {token}"}, timeout=CALL_S)
+    resp = httpx.post(url, content=body, headers={"Authorization": f"Bearer {token}"}, timeout=COLD_CALL_S)
     assert resp.status_code == 400 and resp.json()["error"].startswith(error)
 
 
@@ -145,7 +141,7 @@ def test_scorer_exception_is_500_retried_by_the_client_then_raised(cluster):
         "failing", make_failing, token=token, route_prefix="/failing", idle_s=60, ray_actor_options=SMALL
     )
     auth = {"Authorization": f"Bearer {token}"}
-    resp = httpx.post(url, json={"args": [], "kwargs": {}}, headers=auth, timeout=CALL_S)
+    resp = httpx.post(url, json={"args": [], "kwargs": {}}, headers=auth, timeout=COLD_CALL_S)
     assert resp.status_code == 500 and resp.json() == {"error": "RuntimeError: scorer exploded"}
     client = ServerlessClient(url, token, retries=2, backoff_s=0.01)
     with pytest.raises(ServerlessError, match=r"failed after 3 attempts.*500"):
@@ -154,7 +150,7 @@ def test_scorer_exception_is_500_retried_by_the_client_then_raised(cluster):
     undeploy("failing")
     with pytest.raises(KeyError, match="no Serve application named 'failing'"):
         replica_count("failing")
-    assert httpx.post(url, json={"args": []}, headers=auth, timeout=CALL_S).status_code == 404
+    assert httpx.post(url, json={"args": []}, headers=auth, timeout=COLD_CALL_S).status_code == 404
 
 
 def test_scales_to_zero_when_idle_and_cold_starts_on_the_next_call(cluster):
