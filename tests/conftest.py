@@ -11,6 +11,12 @@ from tests.services import create_database, postgres_server
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# `make test` runs two test processes, each starting Ray clusters of torch processes, on the machine's
+# cores: more busy OpenMP threads than cores. By default an OpenMP thread that finishes its part of an op
+# spins, holding a core, waiting for the next: two processes of two threads each on 2 cores took 2.5x
+# as long as with waiting threads that sleep (set here before torch loads: the test processes, the runs
+# they start and their Ray workers inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
