@@ -2,10 +2,9 @@
 and automations running; not the temporary test server), as a user runs retraining.
 
 One process serves the deployment. A run started as from the UI (`prefect deployment run -p` with a changed
-config field) and a run the interval schedule fires train one at a time (the one that comes due while the
-other trains waits for it); the second resumes from the first one's checkpoint and trains two steps
-further. Then the auto-resume automation answers a crash event with a resuming run, and ignores one past
-its limit.
+config field) and the interval schedule's runs train one at a time (a run that comes due while another
+trains waits for it); each resumes from the checkpoint before it and trains two steps further. Then the
+auto-resume automation answers a crash event with a resuming run, and ignores one past its limit.
 """
 
 import asyncio
@@ -74,7 +73,7 @@ def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "prefect"), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.timeout(900)  # two training runs in a row (~3 minutes here) on a possibly slower machine
+@pytest.mark.timeout(900)  # three training runs in a row (~4 minutes here) on a possibly slower machine
 async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, LogFilter
@@ -118,21 +117,23 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
                 assert ui.returncode == 0, ui.stdout + ui.stderr
 
                 done: list = []
-                for _ in range(900):  # two runs of ~1 minute each, one after the other
+                for _ in range(900):  # three runs of ~1 minute each, one after the other
                     runs = await _runs(client, dep.id)
                     done = sorted((r for r in runs if r.state.is_completed()), key=lambda r: r.start_time)
-                    if len(done) >= 2:
+                    if len(done) >= 3:
                         break
                     assert deploy.poll() is None, (tmp_path / "deploy.log").read_text()
                     await asyncio.sleep(1)
-                first, second = done[:2]
-                # the UI run, its field changed, and one the scheduler fired (in whichever order they came)
-                lrs = [r.parameters["config"]["train"]["lr"] for r in (first, second)]
-                assert sorted(lrs) == sorted([0.002, cfg["train"]["lr"]])
-                assert sum(r.auto_scheduled for r in (first, second)) == 1
-                assert first.end_time <= second.start_time
-                # by id: every run of a scheduled deployment is named "sched (resumed)"
-                second_logs = await client.read_logs(LogFilter(flow_run_id={"any_": [second.id]}))
+                first, second, third = done[:3]
+                # the UI run, its field changed, and two the scheduler fired (in whatever order they came)
+                lrs = [r.parameters["config"]["train"]["lr"] for r in (first, second, third)]
+                assert sorted(lrs) == sorted([0.002, cfg["train"]["lr"], cfg["train"]["lr"]])
+                assert sum(r.auto_scheduled for r in (first, second, third)) == 2
+                assert first.end_time <= second.start_time and second.end_time <= third.start_time
+                logs = {  # by id: every run of a scheduled deployment is named "sched (resumed)"
+                    r.id: [m.message for m in await client.read_logs(LogFilter(flow_run_id={"any_": [r.id]}))]
+                    for r in (second, third)
+                }
                 (automation,) = [
                     a for a in await client.read_automations() if a.name == "rollart auto-resume sched"
                 ]
@@ -172,11 +173,14 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
         log.close()
 
     store = MetadataStore(f"sqlite:///{tmp_path}/runs/sched/metadata.db")
-    rows = store.steps("sched")[:4]  # a run the schedule fired later may have trained further
-    assert [(r["step"], r["version"]) for r in rows] == [(k, k) for k in range(1, 5)]  # none repeated/skipped
-    weights = store.latest_checkpoint("sched", 2)["weights_sha256"]
-    assert any(m.message.startswith(f"resumed from step 2: weights {weights[:12]}") for m in second_logs)
-    assert [e["kind"] for e in store.events("sched")][:2] == ["completed"] * 2
+    rows = store.steps("sched")[:6]
+    assert [(r["step"], r["version"]) for r in rows] == [
+        (k, k) for k in range(1, 7)
+    ]  # none repeated or skipped
+    hashes = {s: store.latest_checkpoint("sched", s)["weights_sha256"] for s in (2, 4, 6)}
+    assert any(m.startswith(f"resumed from step 2: weights {hashes[2][:12]}") for m in logs[second.id])
+    assert any(m.startswith(f"resumed from step 4: weights {hashes[4][:12]}") for m in logs[third.id])
+    assert [e["kind"] for e in store.events("sched")][:3] == ["completed"] * 3
 
 
 def _listening(port: int) -> bool:
