@@ -23,7 +23,6 @@ import hmac
 import inspect
 import json
 import secrets
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +31,8 @@ from ray.serve._private.common import ReplicaState
 from ray.serve.context import _get_global_client
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from infra.ports import free_port
 
 
 def new_token() -> str:
@@ -86,12 +87,6 @@ class _Endpoint:
 _METRICS_INTERVAL_S = 0.5
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def serve_running() -> bool:
     """Whether Serve (its controller) runs on the connected Ray cluster."""
     return _get_global_client(raise_if_no_controller_running=False) is not None
@@ -107,7 +102,7 @@ def _http_address(host: str, port: int | None) -> tuple[str, int]:
         # One proxy, on the head node: `host` is an address of the driver's machine (the head, where
         # `rollart train` runs), which a proxy on another node, where Serve would start one beside each
         # replica by default, could not bind.
-        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port or _free_port(host)})
+        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port or free_port(host)})
         client = _get_global_client()
     # ray types _get_global_client() as Optional; it raises instead when no controller runs
     config = client.http_config  # type: ignore[union-attr]

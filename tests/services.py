@@ -15,15 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.ports import free_port
+
 # An HTTP call's read timeout for a serving endpoint: the first call waits for a replica to start (and load
 # its model), which takes far longer on a loaded 2-core machine than idle; what is tested is the answer.
 COLD_CALL_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout_s: float, what: str, log: str = "") -> None:

@@ -17,11 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from infra.ports import free_ports
 
 
 def _listening(host: str, port: int) -> bool:
@@ -85,7 +81,7 @@ class MooncakeMaster:
     def start(self) -> MooncakeMaster:
         if self._procs:
             raise RuntimeError(f"Mooncake master already running (pids {self.pids})")
-        self.rpc_port, self.metadata_port, metrics_port = (_free_port(self.host) for _ in range(3))
+        self.rpc_port, self.metadata_port, metrics_port = free_ports(self.host, 3)
         master = [
             str(find_master_binary()),
             f"--rpc_address={self.host}",
