@@ -16,12 +16,13 @@ $(STAMP): pyproject.toml requirements/common.txt requirements/$(VARIANT).txt scr
 
 install: $(STAMP)
 
-# Two test processes: most of a test's time is waiting (runs, servers, polls), which the other process
-# fills. --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
+# Two test processes: one alone leaves the cores idle while a test waits (runs, servers, polls); with two,
+# both cores were 95-99% busy through a whole run (sampled from /proc/stat), so a third would only queue.
+# --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
 TEST_WORKERS ?= 2
 
-# mypy (about 65 CPU-seconds without its cache) runs beside pytest, whose processes mostly wait, so the
-# type check adds little to the wall time; its output is printed after pytest's and either failing fails.
+# mypy (about 65 CPU-seconds without its cache) runs beside pytest, on cores pytest keeps busy: it adds
+# about half its CPU time to the wall time; its output is printed after pytest's and either failing fails.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > $(TMPDIR)/mypy.log 2>&1 & mypy=$$!; \
