@@ -21,8 +21,8 @@ install: $(STAMP)
 # --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
 TEST_WORKERS ?= 2
 
-# mypy (about 65 CPU-seconds without its cache) runs beside pytest, on cores pytest keeps busy: it adds
-# about half its CPU time to the wall time; its output is printed after pytest's and either failing fails.
+# mypy (about 65 CPU-seconds without its cache) runs beside pytest, on cores pytest keeps busy, so its CPU
+# time is not free; its output is printed after pytest's and either failing fails.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > $(TMPDIR)/mypy.log 2>&1 & mypy=$$!; \
