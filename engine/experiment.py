@@ -37,7 +37,7 @@ from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import default_env_factory
 from engine.train.train_worker import TrainWorker
 from engine.train.worker_args import TrainWorkerArgs
-from infra.local_ray import init_local_ray, node_address
+from infra.local_ray import init_local_ray, node_address, sigterm_kept
 from infra.metadata import MetadataStore
 
 GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
@@ -77,22 +77,24 @@ class Experiment:
         process: the run's own lines stay readable."""
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
-            if address:
-                self._ray = ray.init(
-                    address=address,
-                    namespace=self.namespace,
-                    log_to_driver=False,
-                    runtime_env={"env_vars": WORKER_ENV},
-                )
-            else:
-                self._ray = init_local_ray(
-                    log_to_driver=False,
-                    num_cpus=os.cpu_count(),
-                    resources=self.rm.ray_resources,
-                    include_dashboard=False,
-                    namespace=self.namespace,
-                    runtime_env={"env_vars": WORKER_ENV},
-                )
+            with sigterm_kept():  # a Prefect runner's cancel stays a cancel (infra/local_ray.py)
+                if address:
+                    self._ray = ray.init(
+                        address=address,
+                        namespace=self.namespace,
+                        log_to_driver=False,
+                        runtime_env={"env_vars": WORKER_ENV},
+                    )
+                else:
+                    self._ray = init_local_ray(
+                        log_to_driver=False,
+                        num_cpus=os.cpu_count(),
+                        resources=self.rm.ray_resources,
+                        include_dashboard=False,
+                        namespace=self.namespace,
+                        runtime_env={"env_vars": WORKER_ENV},
+                    )
+            if not address:
                 # A fresh cluster: no worker of this run is alive, so bindings still marked active were
                 # left by a driver killed before its teardown (resume after a crash); free their pools.
                 for stale in self.store.bindings(self.run_id, state="active"):
@@ -198,12 +200,16 @@ class Experiment:
         common = {"store": self.store_spec, "run_id": self.run_id}
         self.deploy_reward()
         score = self._score()
-        self.clusters["train"] = self._train_cluster(common)
-        self.clusters["gen"] = self._gen_cluster(common)
-        self.proxy = self._start_proxy()
-        self.clusters["rollout"] = self._rollout_cluster(env_factory, score)
-        for c in self.clusters.values():  # all roles were requested at once: their imports overlap
-            c.ready()
+        try:
+            self.clusters["train"] = self._train_cluster(common)
+            self.clusters["gen"] = self._gen_cluster(common)
+            self.proxy = self._start_proxy()
+            self.clusters["rollout"] = self._rollout_cluster(env_factory, score)
+            for c in self.clusters.values():  # all roles were requested at once: their imports overlap
+                c.ready()
+        except BaseException:  # a retry starts from nothing: this attempt's actors stopped, its units free
+            self._stop_actors()
+            raise
         return {
             "train": self.cfg.backends.tensor_parallel * self.cfg.backends.pipeline_parallel,
             "gen": len(self.clusters["gen"].workers),
@@ -339,11 +345,7 @@ class Experiment:
         experiment can start again at once on a Ray that stays up (a notebook's, a cluster's, a test's)."""
         if self.rollout is not None:
             ray.get(self.rollout.stop.remote())
-        if self.proxy is not None:
-            ray.kill(self.proxy)
-        for c in self.clusters.values():
-            c.shutdown()
-        self.clusters.clear()
+        self._stop_actors()
         if self._master is not None:
             self._master.stop()
             self._master = None
@@ -363,6 +365,15 @@ class Experiment:
 
                 serve.shutdown()
                 self._own_serve = False
+
+    def _stop_actors(self) -> None:
+        """Kill the proxy and every cluster's workers; free all pool units this run holds (a worker whose
+        cluster was still being built when it failed holds one too). Returns once the named proxy is gone."""
+        if self.proxy is not None:
+            ray.kill(self.proxy)
+        for c in self.clusters.values():
+            c.shutdown()
+        self.clusters.clear()
         if self.proxy is not None:
             wait_gone(self.namespace, ["llm-proxy"])
         self.proxy = None

@@ -12,6 +12,7 @@ events it matches: `rollart.failures` counts the failed runs since the last comp
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -154,6 +155,36 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+async def _serve(dep: Any) -> None:
+    """Run the deployment's scheduled runs until SIGTERM or Ctrl-C, then stop as a process manager expects:
+    a run in flight is cancelled (Cancelled on the server, its process and Ray cluster gone; the next run
+    resumes from its last checkpoint), the schedule is paused, and the process exits.
+
+    Prefect's `serve` does not: its SIGTERM handler calls the runner's `stop()` from inside the event loop,
+    which makes a coroutine that nothing awaits, so the run in flight was left Running on the server or the
+    exit waited for it to end (a `make test` run saw no exit within 240 s)."""
+    from prefect.runner import Runner
+
+    runner = Runner(pause_on_shutdown=True)
+    await runner.aadd_deployment(dep)
+    serving = asyncio.create_task(runner.start())
+    await asyncio.sleep(0)  # start()'s first step installs Prefect's SIGTERM handler; these replace it
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"serving rollart-train/{dep.name}; SIGTERM or Ctrl-C stops it, cancelling a run in flight")
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    while stop.is_set() and not runner.started and not serving.done():  # stopped while it started
+        await asyncio.sleep(0.1)
+    if stop.is_set() and runner.started:
+        print("stopping: cancelling the runs in flight and pausing the schedule")
+        await runner.astop()
+    await serving
+
+
 def serve_deployment(
     config: str,
     overrides: list[str],
@@ -164,10 +195,9 @@ def serve_deployment(
     port: int = 4200,
 ) -> None:
     """Serve the deployment until interrupted, against `PREFECT_API_URL` or a server started here."""
-    from prefect import serve
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    # SIGTERM before `serve` installs its own handler (while the deployment is being applied) would end
+    # SIGTERM before `_serve` installs its own handler (while the deployment is being applied) would end
     # this process at once, skipping the `finally` below and leaving the server it started running
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     url, server = PREFECT_API_URL.value(), None
@@ -186,7 +216,7 @@ def serve_deployment(
             if resume_times:
                 automation = auto_resume(dep.apply(), dep.name, resume_times)
                 print(f"auto-resume: automation {automation}, at most {resume_times} runs in a row")
-            serve(dep)
+            asyncio.run(_serve(dep))
     finally:
         if server is not None:
             server.terminate()

@@ -10,6 +10,7 @@ The driver owns its live objects (`flows.iteration.LiveRun`); each iteration is 
 Faults: a step whose `train_step` failed past its retries (flows/iteration.py) stops the run with
 `TrainingStopped`, its last checkpoint kept, and `--resume` continues from that checkpoint. Retry and drop
 counters (env, reward, generation, train step) go into each step's metrics and its metadata-store row.
+A SIGTERM (a runner cancelling the run) ends it as Cancelled, or Crashed, never Failed (tasks/stopping.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from pydantic import Field
 
@@ -33,6 +35,7 @@ from flows.report import say, start_progress, summary_artifact, update_progress
 from tasks.checkpoint import restore_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
+from tasks.stopping import stop_signal
 
 
 class TrainingStopped(RuntimeError):
@@ -102,6 +105,10 @@ async def train(
         await summary_artifact(exp.run_id, exp.run_dir, summary)
         say(f"run directory: {exp.run_dir}")
         return summary
+    except Exception as e:
+        if (stop := stop_signal(e)) is not None:  # SIGTERM surfaced as another error (tasks/stopping.py)
+            raise TerminationSignal(signal=stop.signal) from e
+        raise
     finally:
         try:
             exp.teardown()

@@ -7,10 +7,17 @@ into the machine's routable address (`ray._private.services.resolve_ip_for_local
 address is 127.0.0.1. That switch is a module constant read on each call, so it is turned off only while
 the cluster starts; a cluster on several machines (`RAY_ADDRESS`) never goes through here.
 `tests/integration/engine/test_experiment_on_ray.py` lists what a run listens on and fails on a change.
+
+A driver's `ray.init` also replaces the process's SIGTERM handler with one that exits; `sigterm_kept`
+puts back a handler that was there before (see its docstring).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -34,3 +41,24 @@ def node_address() -> str:
     if ray.is_initialized():
         return str(ray.util.get_node_ip_address())
     return "127.0.0.1"
+
+
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """Around `ray.init`: a SIGTERM handler that was installed before (not the default) is put back after.
+
+    Inside a Prefect flow run that handler is Prefect's: when a runner cancels the run it says so on a
+    control channel, then sends SIGTERM, and Prefect's handler turns that into a Cancelled run (the flow's
+    `finally` tears the actors and Ray down). Ray's handler, left in place, made every cancel a crash, whose
+    `on_crashed` hook counts a failure and whose event the auto-resume automation answers with a new run.
+    Where the default was in place (a script, a notebook) Ray's handler stays: it exits through Ray's
+    shutdown instead of dying at once."""
+    if threading.current_thread() is not threading.main_thread():  # signals belong to the main thread
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before):
+            signal.signal(signal.SIGTERM, before)

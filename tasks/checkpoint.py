@@ -20,13 +20,21 @@ from prefect.cache_policies import NO_CACHE
 
 from engine.experiment import Experiment
 from infra.objectstore import S3Dirs, is_s3
+from tasks.stopping import retry_unless_stopped
 
 
 def _root(exp: Experiment) -> str:
     return exp.cfg.backends.checkpoint_uri.replace("{run_dir}", str(exp.run_dir))
 
 
-@task(name="save_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
+@task(
+    name="save_checkpoint",
+    retries=3,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=600,
+    cache_policy=NO_CACHE,
+)
 def save_checkpoint(exp: Experiment, step: int) -> str:
     root = _root(exp)
     local_root = exp.run_dir / "checkpoints" if is_s3(root) else Path(root)
@@ -41,7 +49,14 @@ def save_checkpoint(exp: Experiment, step: int) -> str:
     return uri
 
 
-@task(name="restore_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
+@task(
+    name="restore_checkpoint",
+    retries=3,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=600,
+    cache_policy=NO_CACHE,
+)
 def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
     """Load the latest recorded checkpoint of this experiment and prove the trainer holds exactly it.
 
@@ -60,7 +75,14 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
     return {**got, "steps_discarded": discarded, "scheduler_restored": "scheduler" in extra}
 
 
-@task(name="load_checkpoint", retries=3, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)
+@task(
+    name="load_checkpoint",
+    retries=3,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=600,
+    cache_policy=NO_CACHE,
+)
 def load_checkpoint(exp: Experiment, step: int | None = None) -> dict[str, Any]:
     """Load checkpoint `step` (the latest when None) into the trainer, verified, changing no record."""
     rec = exp.store.latest_checkpoint(exp.run_id, step)

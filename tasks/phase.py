@@ -10,11 +10,16 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.stopping import retry_unless_stopped
+
 
 async def run_phase(name: str, fn: Callable[[], Awaitable[Any]], retries: int = 0) -> Any:
-    """Run `fn` as a Prefect task called `name` (never cached: every phase acts on live actors)."""
+    """Run `fn` as a Prefect task called `name` (never cached: every phase acts on live actors), retried
+    `retries` times unless the run is being stopped (tasks/stopping.py)."""
 
     async def body() -> Any:
         return await fn()
 
-    return await task(body, name=name, cache_policy=NO_CACHE, retries=retries)()
+    return await task(
+        body, name=name, cache_policy=NO_CACHE, retries=retries, retry_condition_fn=retry_unless_stopped
+    )()

@@ -18,14 +18,28 @@ from engine.envs.registry import make_env
 from engine.experiment import Experiment
 from engine.rollout.scheduler import TaskSpec
 from infra.sandbox import make_sandbox
+from tasks.stopping import retry_unless_stopped
 
 
-@task(name="provision_pools", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
+@task(
+    name="provision_pools",
+    retries=2,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=300,
+    cache_policy=NO_CACHE,
+)
 def provision_pools(exp: Experiment) -> dict[str, Any]:
     return exp.provision()
 
 
-@task(name="warmup_sandboxes", retries=1, timeout_seconds=600, cache_policy=NO_CACHE)
+@task(
+    name="warmup_sandboxes",
+    retries=1,
+    retry_condition_fn=retry_unless_stopped,
+    timeout_seconds=600,
+    cache_policy=NO_CACHE,
+)
 async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str, Any]:
     """Prepare each task's runtime: the sandbox backend first (a Kubernetes cluster that cannot run
     sandbox pods fails the run here, in one line), then the adapter imports, datasets, a few envs."""
@@ -45,14 +59,28 @@ async def warmup_sandboxes(exp: Experiment, envs_per_task: int = 2) -> dict[str,
     return report
 
 
-@task(name="deploy_reward", retries=2, retry_delay_seconds=2, timeout_seconds=300, cache_policy=NO_CACHE)
+@task(
+    name="deploy_reward",
+    retries=2,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=300,
+    cache_policy=NO_CACHE,
+)
 def deploy_reward(exp: Experiment) -> dict[str, Any]:
     """The scale-to-zero LLM-judge endpoint of each task that is judged (its URL and replicas in the result);
     the other tasks are scored by their environment's rule inside the rollout actor."""
     return exp.deploy_reward()
 
 
-@task(name="prepare_model", retries=1, retry_delay_seconds=2, timeout_seconds=1800, cache_policy=NO_CACHE)
+@task(
+    name="prepare_model",
+    retries=1,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=2,
+    timeout_seconds=1800,
+    cache_policy=NO_CACHE,
+)
 def prepare_model(exp: Experiment) -> dict[str, Any]:
     """The configured model, or a tiny one built (and format-pretrained) in the run directory."""
     t0 = time.perf_counter()
@@ -65,7 +93,14 @@ def prepare_model(exp: Experiment) -> dict[str, Any]:
     return report
 
 
-@task(name="start_actors", retries=1, retry_delay_seconds=5, timeout_seconds=900, cache_policy=NO_CACHE)
+@task(
+    name="start_actors",
+    retries=1,
+    retry_condition_fn=retry_unless_stopped,
+    retry_delay_seconds=5,
+    timeout_seconds=900,
+    cache_policy=NO_CACHE,
+)
 def start_actors(exp: Experiment) -> dict[str, Any]:
     model = exp.model_dir or exp.prepare_model()
     store = exp.start_weight_store()

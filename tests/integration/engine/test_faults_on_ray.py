@@ -1,7 +1,9 @@
-"""Faults on local Ray: a generation worker killed mid-run, env crashes and hangs, reward errors.
+"""Faults on local Ray: a generation worker killed mid-run, env crashes and hangs, reward errors, a start
+of the actors that fails partway.
 
 The run must finish its steps; every trained group is whole; the killed worker is restarted by Ray and the
-requests it held are served by the other one; every dropped and retried thing is counted.
+requests it held are served by the other one; every dropped and retried thing is counted. A failed start
+leaves nothing held, so its retry (the `start_actors` task's) starts.
 """
 
 import pytest
@@ -53,6 +55,37 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
         failed = sum(v for k, v in c.items() if k.startswith("member_failed_"))
         assert c["trajectories_failed"] == failed  # every failure counted with its reason
         assert unended(c) == 0 and c["trajectories_started"] > 0  # nothing lost
+    finally:
+        exp.teardown()
+
+
+def test_a_start_of_the_actors_that_fails_partway_frees_its_pool_units_and_a_retry_starts(tmp_path):
+    exp = Experiment(load_config(data=tiny_config(tmp_path, "restart")))
+    calls = []
+    real_proxy = exp._start_proxy
+
+    def proxy_fails_once():  # the train and generation clusters were requested by then
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected: the proxy did not start")
+        return real_proxy()
+
+    exp._start_proxy = proxy_fails_once
+    try:
+        exp.provision()
+        exp.prepare_model()
+        exp.start_weight_store()
+        with pytest.raises(RuntimeError, match="injected"):
+            exp.start_actors()
+        assert {pool: used for pool, (used, _) in exp.rm.usage().items()} == {
+            "compute": 0,
+            "bandwidth": 0,
+            "cpu": 0,
+        }
+        assert exp.clusters == {} and exp.proxy is None
+        exp.start_actors()  # what the task's retry does: the same pools, now free
+        assert len(calls) == 2 and len(exp.clusters["gen"].workers) == 2
+        assert ray.get(exp.trainer.version.remote()) == 0
     finally:
         exp.teardown()
 
