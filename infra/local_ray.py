@@ -9,7 +9,7 @@ the cluster starts; a cluster on several machines (`RAY_ADDRESS`) never goes thr
 `tests/integration/engine/test_experiment_on_ray.py` lists what a run listens on and fails on a change.
 
 A driver's `ray.init` also replaces the process's SIGTERM handler with one that exits; `sigterm_kept`
-puts back a handler that was there before (see its docstring).
+keeps a handler that was there before (see its docstring).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 from ray._private import ray_constants
+from ray._private import utils as ray_utils
 
 
 def init_local_ray(**kwargs: Any) -> Any:
@@ -45,20 +46,32 @@ def node_address() -> str:
 
 @contextlib.contextmanager
 def sigterm_kept() -> Iterator[None]:
-    """Around `ray.init`: a SIGTERM handler that was installed before (not the default) is put back after.
+    """Around `ray.init`: a SIGTERM handler installed before (not the default) stays in place throughout.
 
     Inside a Prefect flow run that handler is Prefect's: when a runner cancels the run it says so on a
     control channel, then sends SIGTERM, and Prefect's handler turns that into a Cancelled run (the flow's
-    `finally` tears the actors and Ray down). Ray's handler, left in place, made every cancel a crash, whose
-    `on_crashed` hook counts a failure and whose event the auto-resume automation answers with a new run.
-    Where the default was in place (a script, a notebook) Ray's handler stays: it exits through Ray's
-    shutdown instead of dying at once."""
+    `finally` tears the actors and Ray down). `ray.init` installs its own handler (one that exits) as its
+    first step, through `ray._private.utils.set_sigterm_handler`; a cancel that landed while Ray started,
+    seconds on a busy machine, or at any time after, became a crash, whose `on_crashed` hook counts a
+    failure and whose event the auto-resume automation answers with a new run. So while this context is
+    open that call installs nothing, and the handler is also put back on the way out (a Ray that set it
+    some other way). Where the default was in place (a script, a notebook) Ray's handler is installed: it
+    exits through Ray's shutdown instead of dying at once."""
     if threading.current_thread() is not threading.main_thread():  # signals belong to the main thread
         yield
         return
     before = signal.getsignal(signal.SIGTERM)
+    if not callable(before):
+        yield
+        return
+    install = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = _kept
     try:
         yield
     finally:
-        if callable(before):
-            signal.signal(signal.SIGTERM, before)
+        ray_utils.set_sigterm_handler = install
+        signal.signal(signal.SIGTERM, before)
+
+
+def _kept(handler: Any) -> None:
+    """`ray._private.utils.set_sigterm_handler` while `sigterm_kept` is open: the handler is not installed."""
