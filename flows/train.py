@@ -35,7 +35,7 @@ from flows.report import say, start_progress, summary_artifact, update_progress
 from tasks.checkpoint import restore_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
 from tasks.setup import deploy_reward, prepare_model, provision_pools, start_actors, warmup_sandboxes
-from tasks.stopping import stop_signal
+from tasks.stopping import raise_if_cancelled, stop_signal
 
 
 class TrainingStopped(RuntimeError):
@@ -89,6 +89,7 @@ async def train(
     t_start = time.perf_counter()
     try:
         restored = await _set_up(exp, resume)
+        raise_if_cancelled()
         first = restored["step"]
         last = first + more_steps if more_steps else cfg.train.steps
         proto = exp.protocol()
@@ -99,6 +100,7 @@ async def train(
             await _eval(exp, proto, sink, 0)
         await _iterate(LiveRun(exp, proto, sink), first, last)
         after = await _eval(exp, proto, sink, last)
+        raise_if_cancelled()  # not recorded as completed
         summary = _summary(exp, first, last, base, after, time.perf_counter() - t_start, restored)
         sink.close()
         plot(exp.run_dir)
@@ -150,6 +152,7 @@ async def _iterate(live: LiveRun, first: int, last: int) -> None:
     exp, cfg = live.exp, live.exp.cfg
     progress = await start_progress(exp.run_id, first, last)
     for step in range(first, last):
+        raise_if_cancelled()
         try:
             m = await live.iteration(cfg.name, step + 1, last)
         except Exception as e:

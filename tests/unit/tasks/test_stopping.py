@@ -2,10 +2,11 @@
 
 import signal
 
+import pytest
 from prefect.exceptions import TerminationSignal
 from prefect.states import Failed
 
-from tasks.stopping import retry_unless_stopped, stop_signal
+from tasks.stopping import raise_if_cancelled, retry_unless_stopped, stop_signal
 
 
 def _surfaced_in_c_code() -> SystemError:
@@ -46,3 +47,16 @@ def test_a_task_retries_failures_but_not_a_stop():
     assert retry_unless_stopped(None, None, Failed(data=RuntimeError("the proxy did not start"))) is True
     assert retry_unless_stopped(None, None, Failed(data=_surfaced_in_c_code())) is False
     assert retry_unless_stopped(None, None, Failed(data=None)) is True  # a failed state without an exception
+
+
+def test_a_cancel_the_runner_announced_is_raised_as_its_signal():
+    from prefect._internal import control_listener
+
+    raise_if_cancelled()  # no intent: nothing
+    control_listener._set_intent("cancel")
+    try:
+        with pytest.raises(TerminationSignal) as caught:
+            raise_if_cancelled()
+        assert caught.value.signal == signal.SIGTERM
+    finally:
+        control_listener.clear_intent()
