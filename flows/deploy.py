@@ -155,6 +155,26 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+CANCEL_ACK_S = 15.0  # how long a runner's cancel waits for the run to confirm it (Prefect's default: 1 s)
+
+
+def runner() -> Any:
+    """The Prefect runner that `rollart deploy` serves with: it pauses the schedule when stopped, and its
+    cancel of a run in flight waits up to CANCEL_ACK_S for the run's acknowledgement before the SIGTERM.
+
+    A run marks that SIGTERM as a cancel only if it acknowledged the runner's cancel intent first, on the
+    control channel's thread. While the run's main thread holds the GIL in a long C call (an extension
+    module loading, Ray starting: seconds on a busy machine) that thread cannot answer; after Prefect's 1 s
+    the runner sent SIGTERM anyway, and the run ended as a crash whose hook counted a failure that the
+    auto-resume automation answered with an extra run (a `make test` run saw exactly that)."""
+    from prefect.runner import Runner
+    from prefect.runner._control_channel import ControlChannel
+
+    serving = Runner(pause_on_shutdown=True)
+    serving._control_channel = ControlChannel(ack_timeout=CANCEL_ACK_S)  # wired into the runner at start()
+    return serving
+
+
 async def _serve(dep: Any) -> None:
     """Run the deployment's scheduled runs until SIGTERM or Ctrl-C, then stop as a process manager expects:
     a run in flight is cancelled (Cancelled on the server, its process and Ray cluster gone; the next run
@@ -163,11 +183,9 @@ async def _serve(dep: Any) -> None:
     Prefect's `serve` does not: its SIGTERM handler calls the runner's `stop()` from inside the event loop,
     which makes a coroutine that nothing awaits, so the run in flight was left Running on the server or the
     exit waited for it to end (a `make test` run saw no exit within 240 s)."""
-    from prefect.runner import Runner
-
-    runner = Runner(pause_on_shutdown=True)
-    await runner.aadd_deployment(dep)
-    serving = asyncio.create_task(runner.start())
+    serving_runner = runner()
+    await serving_runner.aadd_deployment(dep)
+    serving = asyncio.create_task(serving_runner.start())
     await asyncio.sleep(0)  # start()'s first step installs Prefect's SIGTERM handler; these replace it
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -177,11 +195,11 @@ async def _serve(dep: Any) -> None:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
-    while stop.is_set() and not runner.started and not serving.done():  # stopped while it started
+    while stop.is_set() and not serving_runner.started and not serving.done():  # stopped while it started
         await asyncio.sleep(0.1)
-    if stop.is_set() and runner.started:
+    if stop.is_set() and serving_runner.started:
         print("stopping: cancelling the runs in flight and pausing the schedule")
-        await runner.astop()
+        await serving_runner.astop()
     await serving
 
 

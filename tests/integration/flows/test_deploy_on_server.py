@@ -6,6 +6,7 @@ config field) and the interval schedule's runs train one at a time (a run that c
 trains waits for it); each resumes from the checkpoint before it and trains two steps further. SIGTERM
 while the third one trains stops the runner within SHUTDOWN_S, that run Cancelled and not counted as failed.
 Then the auto-resume automation answers a crash event with a resuming run, and ignores one past its limit.
+A run whose main thread holds the GIL when its runner cancels it still ends as a cancel (held_gil.py).
 """
 
 import asyncio
@@ -194,6 +195,27 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
     weights = store.latest_checkpoint("sched", 2)["weights_sha256"]
     assert any(m.startswith(f"resumed from step 2: weights {weights[:12]}") for m in logs), logs
     assert [e["kind"] for e in store.events("sched")] == ["completed"] * 2  # the cancelled run: no failure
+
+
+@pytest.mark.timeout(300)
+def test_a_runners_cancel_waits_for_a_run_holding_the_gil_and_it_ends_cancelled(prefect_api, tmp_path):
+    """`rollart deploy`'s runner stopped while its run's main thread holds the GIL for 4 s (longer than
+    Prefect's 1 s default for the run to acknowledge a cancel): the runner waits for the acknowledgement,
+    so the SIGTERM after it reaches a run that knows it is a cancel, and the run ends Cancelled, not Crashed
+    (a crash counts a failure that `--auto-resume` answers with another run)."""
+    marker = tmp_path / "marker"
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.integration.flows.held_gil", str(marker), "4"],
+        env=prefect_api,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"acked": [True], "state": "CANCELLED"}, out.stdout[-3000:] + out.stderr[-3000:]
+    assert marker.read_text() == "intent at SIGTERM: cancel"
 
 
 def _listening(port: int) -> bool:
