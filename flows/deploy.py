@@ -175,6 +175,22 @@ def runner() -> Any:
     return serving
 
 
+async def stop_runner(serving: Any) -> None:
+    """Stop a `runner()`: cancel its runs in flight, each once it can hear the cancel, and pause its schedule.
+
+    A run still starting cannot: its SIGTERM would land before the run installed Prefect's handler (the
+    process dies, nothing recorded), or after that but before the runner saw the run connect, where the
+    run takes it for a crash and its hook counts a failure. So first wait, at most CANCEL_ACK_S, until
+    each run the runner launched listens on its control channel or has ended."""
+    deadline = time.monotonic() + CANCEL_ACK_S
+    while time.monotonic() < deadline:
+        runs = list(serving._control_channel._registrations.values())
+        if all(r.connected.is_set() or r.disconnected.is_set() for r in runs):
+            break
+        await asyncio.sleep(0.1)
+    await serving.astop()
+
+
 async def _serve(dep: Any) -> None:
     """Run the deployment's scheduled runs until SIGTERM or Ctrl-C, then stop as a process manager expects:
     a run in flight is cancelled (Cancelled on the server, its process and Ray cluster gone; the next run
@@ -199,7 +215,7 @@ async def _serve(dep: Any) -> None:
         await asyncio.sleep(0.1)
     if stop.is_set() and serving_runner.started:
         print("stopping: cancelling the runs in flight and pausing the schedule")
-        await serving_runner.astop()
+        await stop_runner(serving_runner)
     await serving
 
 
