@@ -11,7 +11,8 @@ quantization config and `save_pretrained` refuses it; its tensors are therefore 
 plain model built from the same config, which saves normally. The imported weights are exactly the
 dequantised values (Q4_1 loses precision once, at the GGUF's making), and the tokenizer, chat template and
 special tokens come from the GGUF's metadata. transformers builds gguf's tensor-name map anew for each of
-the model's ~400 modules; `name_maps_cached` builds it once (half of a 20 s load here).
+the model's ~400 modules; `gguf_read_once` builds it once (half of a 20 s load here), and
+parses the file once where transformers parses it three times.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def _load(src: str, dtype_name: Dtype) -> tuple[PreTrainedModel, PreTrainedToken
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         return model, AutoTokenizer.from_pretrained(path)
     gguf = path if path.suffix == ".gguf" and path.is_file() else _packaged_gguf(src)
-    model = _load_gguf(gguf, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with gguf_read_once():
+        model = _load_gguf(gguf, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.model_max_length = model.config.max_position_embeddings  # a GGUF leaves it unbounded
     return model, tokenizer
 
@@ -126,8 +128,7 @@ def _load_gguf(gguf: Path, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     _say(f"dequantising {gguf} (about 15 s on 2 cores)")
-    with name_maps_cached():
-        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     config = quantised.config
     del config.quantization_config  # what makes `save_pretrained` refuse the model
     vars(config).pop("_model_name_or_path", None)  # the GGUF's free-text `general.name`, not a path
@@ -138,17 +139,20 @@ def _load_gguf(gguf: Path, dtype: torch.dtype) -> PreTrainedModel:
 
 
 @contextlib.contextmanager
-def name_maps_cached() -> Iterator[None]:
-    """While open, `gguf.get_tensor_name_map(arch, n_blocks)` builds each map once. transformers' GGUF load
-    asks for it once per module of the model, and only reads it; building it is half the load's time."""
+def gguf_read_once() -> Iterator[None]:
+    """While open, each GGUF file is parsed once (`gguf.GGUFReader`) and each tensor-name map built once
+    (`gguf.get_tensor_name_map`). transformers parses the file for the config, again for the weights and
+    again for the tokenizer (3.4 s each here), and builds the name map once per module of the model (half
+    of a load's time); it only reads both."""
     import gguf
 
-    build = gguf.get_tensor_name_map
+    parse, build = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(parse)  # type: ignore[assignment,misc]
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = build
+        gguf.GGUFReader, gguf.get_tensor_name_map = parse, build  # type: ignore[misc]
 
 
 def _say(message: str) -> None:

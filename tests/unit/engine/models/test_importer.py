@@ -171,12 +171,12 @@ def test_prepare_model_imports_into_path_once(tiny_dir: Path, tmp_path: Path) ->
 def test_gguf_name_maps_are_built_once_while_cached_and_the_builder_is_put_back() -> None:
     import gguf
 
-    from engine.models.importer import name_maps_cached
+    from engine.models.importer import gguf_read_once
 
-    build = gguf.get_tensor_name_map
-    with name_maps_cached():
+    build, parse = gguf.get_tensor_name_map, gguf.GGUFReader
+    with gguf_read_once():
         llama = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is llama  # built once
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not llama  # per layer count
         assert llama.get_name("model.layers.29.self_attn.q_proj") == "blk.29.attn_q"
-    assert gguf.get_tensor_name_map is build
+    assert gguf.get_tensor_name_map is build and gguf.GGUFReader is parse
