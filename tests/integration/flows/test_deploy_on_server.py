@@ -63,6 +63,18 @@ def _emit_crash(env: dict, experiment: str, failures: str) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 
 
+async def _messages(client, run_ids: list) -> list[str]:
+    """Every log line of the runs `run_ids`, page by page (the API answers 200 at most at once)."""
+    from prefect.client.schemas.filters import LogFilter
+
+    lines: list[str] = []
+    while True:
+        page = await client.read_logs(LogFilter(flow_run_id={"any_": run_ids}), limit=200, offset=len(lines))
+        lines += [m.message for m in page]
+        if len(page) < 200:
+            return lines
+
+
 def _deployed(api_url: str) -> bool:
     """Whether the server at `api_url` answers and has the deployment (one HTTP call: polling with the
     `prefect` CLI cost a process start, seconds of CPU, per poll, taken from the deploy process starting)."""
@@ -80,7 +92,7 @@ def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(900)  # two training runs in a row and part of a third (~2 minutes here)
 async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_last(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, LogFilter
+    from prefect.client.schemas.filters import DeploymentFilter
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from infra.metadata import MetadataStore
@@ -130,8 +142,6 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
                     await asyncio.sleep(1)
                 first, second = done[:2]
                 assert first.end_time <= second.start_time
-                records = await client.read_logs(LogFilter(flow_run_id={"any_": [second.id]}))
-                logs = [m.message for m in records]
                 (automation,) = [
                     a for a in await client.read_automations() if a.name == "rollart auto-resume sched"
                 ]
@@ -180,6 +190,10 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
                 runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [dep.id]}))
                 made = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
                 assert len(made) == 1 and made[0].parameters["resume"] is True
+                # what every run that completed logged (a busy machine may let one more complete before
+                # the SIGTERM lands: which of them resumed is read from the logs, not assumed)
+                completed = [r.id for r in await _runs(client, dep.id) if r.state.is_completed()]
+                logs = await _messages(client, completed)
                 # the server is shared with other tests: its scheduler stops making runs of this one
                 await client.delete_deployment(dep.id)
                 await client.delete_automation(automation.id)
@@ -194,7 +208,8 @@ async def test_a_deployed_schedule_fires_runs_one_at_a_time_each_resuming_the_la
     assert [(r["step"], r["version"]) for r in rows] == [(k, k) for k in range(1, 5)]  # none repeated
     weights = store.latest_checkpoint("sched", 2)["weights_sha256"]
     assert any(m.startswith(f"resumed from step 2: weights {weights[:12]}") for m in logs), logs
-    assert [e["kind"] for e in store.events("sched")] == ["completed"] * 2  # the cancelled run: no failure
+    # the cancelled run recorded no failure
+    assert [e["kind"] for e in store.events("sched")] == ["completed"] * len(completed)
 
 
 @pytest.mark.timeout(300)
