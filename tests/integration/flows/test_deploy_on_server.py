@@ -6,7 +6,8 @@ config field) and the interval schedule's runs train one at a time (a run that c
 trains waits for it); each resumes from the checkpoint before it and trains two steps further. SIGTERM
 while the third one trains stops the runner within SHUTDOWN_S, that run Cancelled and not counted as failed.
 Then the auto-resume automation answers a crash event with a resuming run, and ignores one past its limit.
-A run whose main thread holds the GIL when its runner cancels it still ends as a cancel (held_gil.py).
+A run slow to hear its runner's cancel (still importing, or holding the GIL) still ends as a cancel
+(held_gil.py).
 """
 
 import asyncio
