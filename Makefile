@@ -19,10 +19,6 @@ install: $(STAMP)
 # Two test processes: one alone leaves the cores idle while a test waits (runs, servers, polls); with two,
 # both cores were 95-99% busy through a whole run (sampled from /proc/stat), so a third would only queue.
 # --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
-# --no-loadscope-reorder hands modules out in collection order, tests/integration (the modules that take
-# 20-180 s) before tests/unit (hundreds of short ones, which then fill the tail): xdist's default orders
-# them by test count, which put long modules last and left one process running them while the other
-# idled (a simulation from one fresh clone's per-test times: 944 s for the busier process vs 893 s).
 TEST_WORKERS ?= 2
 
 # mypy (about 65 CPU-seconds without its cache) runs beside pytest, on cores pytest keeps busy, so its CPU
@@ -30,7 +26,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > $(TMPDIR)/mypy.log 2>&1 & mypy=$$!; \
-	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; rc=$$?; \
+	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15; rc=$$?; \
 	wait $$mypy; mypy_rc=$$?; echo "mypy:"; cat $(TMPDIR)/mypy.log; \
 	test $$rc -eq 0 -a $$mypy_rc -eq 0
 
