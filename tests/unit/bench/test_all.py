@@ -230,7 +230,7 @@ def _alpha_sweep() -> Case:
 
 
 def _time_to_score() -> Case:
-    from bench.time_to_score import summarize
+    from bench.time_to_score_rows import summarize
 
     def run(mode: str, alpha: int, seed: int, t: float) -> dict:
         where = {"setting": "waiting", "layout": "split", "mode": mode, "alpha": alpha, "seed": seed}

@@ -4,6 +4,7 @@ import pytest
 
 from bench import report
 from bench import time_to_score as tts
+from bench import time_to_score_rows as tsr
 
 
 def run(
@@ -24,7 +25,7 @@ def run(
 
 
 def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
-    row = tts.time_to_target(run("rollart", 1, 0, [0.1, 0.45, 0.3, 0.6]), target=0.45)
+    row = tsr.time_to_target(run("rollart", 1, 0, [0.1, 0.45, 0.3, 0.6]), target=0.45)
     assert row == {
         "setting": "waiting",
         "layout": "split",
@@ -35,9 +36,11 @@ def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
         "time_to_target_s": 20.0,
         "tokens_to_target": 200,
         "reached": True,
+        "steps": 8,
+        "budget_s": None,
         "final_success": 0.6,
     }
-    missed = tts.time_to_target(run("areal", 2, 1, [0.1, 0.2]), target=0.45)
+    missed = tsr.time_to_target(run("areal", 2, 1, [0.1, 0.2]), target=0.45)
     assert not missed["reached"] and missed["time_to_target_s"] is None and missed["tokens_to_target"] is None
 
 
@@ -45,22 +48,22 @@ def test_auto_target_is_a_share_of_sync_plus_median_final_success():
     runs = [run("sync+", 0, s, [0.1, f]) for s, f in enumerate([0.4, 0.6, 0.5])] + [
         run("rollart", 1, 0, [0.9])
     ]
-    assert tts.auto_target(runs) == pytest.approx(0.9 * 0.5)
+    assert tsr.auto_target(runs) == pytest.approx(0.9 * 0.5)
     with pytest.raises(ValueError, match="pass --target"):
-        tts.auto_target([run("rollart", 1, 0, [0.9])])
+        tsr.auto_target([run("rollart", 1, 0, [0.9])])
 
 
 def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_there():
     rows = [
-        tts.time_to_target(run("sync+", 0, s, succ), 0.5)
+        tsr.time_to_target(run("sync+", 0, s, succ), 0.5)
         for s, succ in enumerate([[0.1, 0.2, 0.5], [0.1, 0.5, 0.6], [0.2, 0.3, 0.5]])
     ]
     rows += [
-        tts.time_to_target(run("rollart", 1, s, succ), 0.5)
+        tsr.time_to_target(run("rollart", 1, s, succ), 0.5)
         for s, succ in enumerate([[0.5], [0.1, 0.5], [0.6]])
     ]
-    rows += [tts.time_to_target(run("areal", 1, s, succ), 0.5) for s, succ in enumerate([[0.5], [0.1]])]
-    by_mode = {o["mode"]: o for o in tts.summarize(rows)}
+    rows += [tsr.time_to_target(run("areal", 1, s, succ), 0.5) for s, succ in enumerate([[0.5], [0.1]])]
+    by_mode = {o["mode"]: o for o in tsr.summarize(rows)}
     assert by_mode["sync+"] == {
         "setting": "waiting",
         "layout": "split",
@@ -82,12 +85,12 @@ def test_summary_gives_the_median_and_range_and_no_median_unless_every_seed_got_
 
 def test_speedup_is_over_sync_plus_in_the_same_setting_and_layout():
     rows = [
-        tts.time_to_target(run("sync+", 0, 0, [0.1, 0.5], layout="split"), 0.5),  # 20 s
-        tts.time_to_target(run("sync+", 0, 0, [0.5], layout="shared"), 0.5),  # 10 s
-        tts.time_to_target(run("rollart", 1, 0, [0.5], layout="split"), 0.5),  # 10 s
-        tts.time_to_target(run("rollart", 1, 0, [0.1, 0.5], layout="shared"), 0.5),  # 20 s
+        tsr.time_to_target(run("sync+", 0, 0, [0.1, 0.5], layout="split"), 0.5),  # 20 s
+        tsr.time_to_target(run("sync+", 0, 0, [0.5], layout="shared"), 0.5),  # 10 s
+        tsr.time_to_target(run("rollart", 1, 0, [0.5], layout="split"), 0.5),  # 10 s
+        tsr.time_to_target(run("rollart", 1, 0, [0.1, 0.5], layout="shared"), 0.5),  # 20 s
     ]
-    speedup = {(o["mode"], o["layout"]): o["speedup_vs_sync_plus"] for o in tts.summarize(rows)}
+    speedup = {(o["mode"], o["layout"]): o["speedup_vs_sync_plus"] for o in tsr.summarize(rows)}
     assert speedup[("rollart", "split")] == 2.0 and speedup[("rollart", "shared")] == 0.5
 
 
@@ -130,12 +133,40 @@ def test_set_fields_reach_every_runs_config_and_a_bad_one_is_refused_by_name(tmp
     tts.add_arguments(parser)
     args = parser.parse_args(["--set", "train.drop_uniform_groups=true", "--set", "train.lr=0.00002"])
     s = report.pick_settings(args, tts.FULL, tts.QUICK)
-    cfg = tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path)
+    cfg = tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path, 7)
     assert cfg.train.drop_uniform_groups and cfg.train.lr == 0.00002
     assert (cfg.train.mode, cfg.train.alpha, cfg.train.seed) == ("rollart", 1, 2)
-    assert cfg.name == "tts-waiting-split-rollart-a1-s2"
-    plain = tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path)
+    assert cfg.name == "tts-waiting-split-rollart-a1-s2" and cfg.train.steps == 7
+    plain = tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path, 7)
     assert not plain.train.drop_uniform_groups and plain.train.lr == 0.00001
     bad = report.pick_settings(parser.parse_args(["--set", "train.drop_uniform=true"]), tts.FULL, tts.QUICK)
     with pytest.raises(ConfigError, match="drop_uniform"):
-        tts.run_config(bad, "waiting", "split", "rollart", 1, 2, tmp_path)
+        tts.run_config(bad, "waiting", "split", "rollart", 1, 2, tmp_path, 7)
+
+
+def test_every_mode_of_a_seed_gets_sync_pluss_wall_time_for_its_steps():
+    done = [run("sync+", 0, seed, [0.1, 0.3]) for seed in (0, 1)]  # each ends 20 s in
+    done[1]["points"][-1]["train_wall_s"] = 25.0
+    done.append(run("sync+", 0, 0, [0.2], setting="plain"))
+    done.append(run("rollart", 1, 0, [0.1]))  # another mode sets no budget
+    assert tsr.budgets(done) == {
+        ("waiting", "split", 0): 20.0,
+        ("waiting", "split", 1): 25.0,
+        ("plain", "split", 0): 10.0,
+    }
+
+
+def test_a_run_stops_at_its_budget_or_at_its_step_cap_and_without_a_budget_at_its_steps():
+    assert not tsr.should_stop(3, 29.9, 12, 30.0) and tsr.should_stop(3, 30.0, 12, 30.0)
+    assert tsr.should_stop(12, 5.0, 12, 30.0)  # the cap, before the budget is spent
+    assert not tsr.should_stop(3, 1e6, 4, None) and tsr.should_stop(4, 1.0, 4, None)
+
+
+def test_fixed_steps_is_off_unless_asked_and_the_row_says_how_long_each_run_trained():
+    parser = argparse.ArgumentParser()
+    tts.add_arguments(parser)
+    assert not report.pick_settings(parser.parse_args([]), tts.FULL, tts.QUICK).fixed_steps
+    assert report.pick_settings(parser.parse_args(["--fixed-steps"]), tts.FULL, tts.QUICK).fixed_steps
+    r = run("rollart", 1, 0, [0.1, 0.2, 0.3]) | {"budget_s": 25.0}
+    row = tsr.time_to_target(r, 0.3)
+    assert (row["steps"], row["budget_s"], row["time_to_target_s"]) == (6, 25.0, 30.0)

@@ -1,0 +1,106 @@
+"""`bench time-to-score`'s rows: each run's time to the target, the per-mode summary over seeds, and the
+wall-time budget that every mode of a seed trains for (sync+'s own time for its steps)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from bench import report
+
+TARGET_SHARE = 0.9  # of sync+'s median final success, when no --target is given
+
+
+def budgets(runs: list[dict[str, Any]]) -> dict[tuple[str, str, int], float]:
+    """The training wall time of each (setting, layout, seed)'s sync+ run: what every other mode of that
+    seed may train for. A fixed number of steps would stop a mode that is faster per step at an earlier
+    wall time, so it could be sooner to a score only by learning more per step; with the same budget it
+    takes the steps that fit, and sooner means sooner on the clock."""
+    return {
+        (r["setting"], r["layout"], r["seed"]): r["points"][-1]["train_wall_s"]
+        for r in runs
+        if r["mode"] == "sync+"
+    }
+
+
+def should_stop(step: int, clock_s: float, max_steps: int, budget_s: float | None) -> bool:
+    """After `step` (ended `clock_s` into the run): stop at the budget, or at `max_steps` (the steps asked
+    when there is no budget, a cap when there is)."""
+    return step >= max_steps or (budget_s is not None and clock_s >= budget_s)
+
+
+def auto_target(runs: list[dict[str, Any]]) -> float:
+    """TARGET_SHARE × the median final success of sync+ (its runs in any setting)."""
+    finals = [r["points"][-1]["success"] for r in runs if r["mode"] == "sync+"]
+    if not finals:
+        raise ValueError("no sync+ run to set the target from: pass --target")
+    return TARGET_SHARE * statistics.median(finals)
+
+
+def time_to_target(run: dict[str, Any], target: float) -> dict[str, Any]:
+    """The JSON row of one run: when its first checkpoint at or above `target` was reached."""
+    hit = next((p for p in run["points"] if p["success"] >= target), None)
+    return {
+        "setting": run["setting"],
+        "layout": run["layout"],
+        "mode": run["mode"],
+        "alpha": run["alpha"],
+        "seed": run["seed"],
+        "target": target,
+        "time_to_target_s": hit["train_wall_s"] if hit else None,
+        "tokens_to_target": hit["tokens"] if hit else None,
+        "reached": hit is not None,
+        "steps": run["points"][-1]["step"],
+        "budget_s": run.get("budget_s"),
+        "final_success": run["points"][-1]["success"],
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (setting, layout, mode, α): runs that reached the target, median (with its bootstrap 95%
+    interval over seeds; None unless every seed reached it) and range of their times, and
+    the speedup of the median over sync+'s in the same setting and layout (None where either did not
+    reach it)."""
+    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["setting"], r["layout"], r["mode"], r["alpha"]), []).append(r)
+    out = []
+    for (setting, layout, mode, alpha), rs in groups.items():
+        times = [r["time_to_target_s"] for r in rs if r["reached"]]
+        median, low, high = report.median_ci(times) if len(times) == len(rs) else (None, None, None)
+        out.append(
+            {
+                "setting": setting,
+                "layout": layout,
+                "mode": mode,
+                "alpha": alpha,
+                "reached": f"{len(times)}/{len(rs)}",
+                "median_s": median,
+                "ci_low": low,  # a bootstrap 95% interval of the median over seeds
+                "ci_high": high,
+                "min_s": min(times, default=None),
+                "max_s": max(times, default=None),
+            }
+        )
+    base = {(o["setting"], o["layout"]): o["median_s"] for o in out if o["mode"] == "sync+"}
+    for o in out:
+        b = base.get((o["setting"], o["layout"]))
+        o["speedup_vs_sync_plus"] = b / o["median_s"] if b and o["median_s"] else None
+    return out
+
+
+def table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The printed columns of `summarize`'s rows."""
+    return [
+        {
+            "setting": o["setting"],
+            "layout": o["layout"],
+            "mode": o["mode"],
+            "α": str(o["alpha"]),
+            "reached": o["reached"],
+            "median s": report.or_dash(o["median_s"]),
+            "range s": f"{report.or_dash(o['min_s'])}–{report.or_dash(o['max_s'])}",
+            "×sync+": report.or_dash(o["speedup_vs_sync_plus"], ".2f"),
+        }
+        for o in summary
+    ]
