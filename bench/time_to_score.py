@@ -218,9 +218,7 @@ def _train(
             points: list[dict[str, Any]] = []
             tokens = 0
             t0 = time.perf_counter()
-            step = 0
-            while True:
-                step += 1
+            for step in itertools.count(1):  # until should_stop
                 m = await proto.step()
                 phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
                 tokens += (await exp.rollout.stats.remote())["tokens"]
