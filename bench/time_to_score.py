@@ -52,6 +52,7 @@ from engine.modes import policy
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
+    from engine.experiment import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("plain", "waiting")
@@ -179,6 +180,37 @@ def run_config(
     )
 
 
+async def _drive(
+    exp: Experiment,
+    s: Settings,
+    checkpoints: Path,
+    max_steps: int,
+    budget_s: float | None,
+    phases: list[dict[str, float]],
+) -> list[dict[str, Any]]:
+    """Step the run until `should_stop`, saving the weights every `s.eval_every` steps and at the end;
+    appends each step's phase times to `phases` and returns the checkpoints with their time and tokens."""
+    proto = exp.protocol()
+    await proto.start()
+    name = checkpoints.name
+    points: list[dict[str, Any]] = []
+    tokens = 0
+    t0 = time.perf_counter()
+    for step in itertools.count(1):  # until should_stop
+        m = await proto.step()
+        phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
+        tokens += (await exp.rollout.stats.remote())["tokens"]
+        clock = time.perf_counter() - t0  # the weights scored are those of this moment
+        print(f"  {name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
+        stop = should_stop(step, clock, max_steps, budget_s)
+        if step % s.eval_every == 0 or stop:
+            path = await exp.trainer.save.remote(str(checkpoints), {"step": step})
+            points.append({"step": step, "train_wall_s": clock, "tokens": tokens, "path": path})
+        if stop:
+            return points
+    raise AssertionError("unreachable: itertools.count never ends")
+
+
 def _train(
     s: Settings,
     setting: str,
@@ -196,42 +228,19 @@ def _train(
 
     max_steps = s.steps if budget_s is None else STEP_CAP * s.steps
     cfg = run_config(s, setting, layout, mode, alpha, seed, root, max_steps)
-    name = cfg.name
     exp = Experiment(cfg)
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, seed * 100_000)
         if setting == "waiting"
         else default_env_factory
     )
-    checkpoints = root / "checkpoints" / name
+    phases: list[dict[str, float]] = []  # per step: where its time went
     try:
         exp.provision()
         model_dir = exp.prepare_model()
         exp.start_weight_store()
         exp.start_actors(env_factory=env_factory)
-        proto = exp.protocol()
-
-        phases: list[dict[str, float]] = []  # per step: where its time went
-
-        async def drive() -> list[dict[str, Any]]:
-            await proto.start()
-            points: list[dict[str, Any]] = []
-            tokens = 0
-            t0 = time.perf_counter()
-            for step in itertools.count(1):  # until should_stop
-                m = await proto.step()
-                phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
-                tokens += (await exp.rollout.stats.remote())["tokens"]
-                clock = time.perf_counter() - t0  # the weights scored are those of this moment
-                print(f"  {name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
-                stop = should_stop(step, clock, max_steps, budget_s)
-                if step % s.eval_every == 0 or stop:
-                    path = await exp.trainer.save.remote(str(checkpoints), {"step": step})
-                    points.append({"step": step, "train_wall_s": clock, "tokens": tokens, "path": path})
-                if stop:
-                    return points
-
-        points = asyncio.run(drive())
+        points = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s, phases))
     finally:
         exp.teardown()
     print(
@@ -298,10 +307,10 @@ def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
     return report.save_figure(fig, path, "time_to_score.png")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
+    """Every run of `s`, each scored at its checkpoints; with the held-out success before training."""
     import ray
 
-    s = report.pick_settings(args, FULL, QUICK)
     runs: list[dict[str, Any]] = []
     before: float | None = None
     with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp:
@@ -328,6 +337,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             ray.shutdown()
     assert before is not None
+    return runs, before
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    s = report.pick_settings(args, FULL, QUICK)
+    runs, before = _train_and_score(s)
     for r in runs:
         r["before"] = before
     target = s.target if s.target is not None else auto_target(runs)
