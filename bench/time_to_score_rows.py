@@ -3,6 +3,7 @@ wall-time budget that every mode of a seed trains for (sync+'s own time for its 
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -57,17 +58,19 @@ def time_to_target(run: dict[str, Any], target: float) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (setting, layout, mode, α): runs that reached the target, median (with its bootstrap 95%
-    interval over seeds; None unless every seed reached it) and range of their times, and
-    the speedup of the median over sync+'s in the same setting and layout (None where either did not
-    reach it)."""
+    """Per (setting, layout, mode, α): runs that reached the target, the median time over seeds counting a
+    run that never reached it as never (as a median survival time is read: defined only when more than half
+    got there), its bootstrap 95% interval over seeds (`ci_high` None where the resampled median can be
+    "never"), the range of the times that were reached, and the speedup of the median over sync+'s in the
+    same setting and layout (None where either median is undefined)."""
     groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["setting"], r["layout"], r["mode"], r["alpha"]), []).append(r)
     out = []
     for (setting, layout, mode, alpha), rs in groups.items():
         times = [r["time_to_target_s"] for r in rs if r["reached"]]
-        median, low, high = report.median_ci(times) if len(times) == len(rs) else (None, None, None)
+        never = [r["time_to_target_s"] if r["reached"] else math.inf for r in rs]
+        median, low, high = (_finite(x) for x in report.median_ci(never))
         out.append(
             {
                 "setting": setting,
@@ -87,6 +90,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         b = base.get((o["setting"], o["layout"]))
         o["speedup_vs_sync_plus"] = b / o["median_s"] if b and o["median_s"] else None
     return out
+
+
+def _finite(x: float) -> float | None:
+    """None for "never" (an infinite time), else `x`."""
+    return None if math.isinf(x) else x
 
 
 def table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
