@@ -181,34 +181,29 @@ def run_config(
 
 
 async def _drive(
-    exp: Experiment,
-    s: Settings,
-    checkpoints: Path,
-    max_steps: int,
-    budget_s: float | None,
-    phases: list[dict[str, float]],
-) -> list[dict[str, Any]]:
-    """Step the run until `should_stop`, saving the weights every `s.eval_every` steps and at the end;
-    appends each step's phase times to `phases` and returns the checkpoints with their time and tokens."""
+    exp: Experiment, s: Settings, checkpoints: Path, max_steps: int, budget_s: float | None
+) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:
+    """Step the run until `should_stop`, saving the weights every `s.eval_every` steps and at the end.
+    Returns the checkpoints with the time and tokens each was reached at, and each step's phase times."""
     proto = exp.protocol()
     await proto.start()
-    name = checkpoints.name
     points: list[dict[str, Any]] = []
+    phases: list[dict[str, float]] = []  # per step: where its time went
     tokens = 0
     t0 = time.perf_counter()
-    for step in itertools.count(1):  # until should_stop
+    for step in range(1, max_steps + 1):  # should_stop ends it at max_steps at the latest
         m = await proto.step()
         phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
         tokens += (await exp.rollout.stats.remote())["tokens"]
         clock = time.perf_counter() - t0  # the weights scored are those of this moment
-        print(f"  {name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
+        print(f"  {checkpoints.name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
         stop = should_stop(step, clock, max_steps, budget_s)
         if step % s.eval_every == 0 or stop:
             path = await exp.trainer.save.remote(str(checkpoints), {"step": step})
             points.append({"step": step, "train_wall_s": clock, "tokens": tokens, "path": path})
         if stop:
-            return points
-    raise AssertionError("unreachable: itertools.count never ends")
+            break
+    return points, phases
 
 
 def _train(
@@ -234,13 +229,12 @@ def _train(
         if setting == "waiting"
         else default_env_factory
     )
-    phases: list[dict[str, float]] = []  # per step: where its time went
     try:
         exp.provision()
         model_dir = exp.prepare_model()
         exp.start_weight_store()
         exp.start_actors(env_factory=env_factory)
-        points = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s, phases))
+        points, phases = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s))
     finally:
         exp.teardown()
     print(

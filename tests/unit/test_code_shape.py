@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["flows", "tasks", "engine", "infra", "bench", "scripts"]
+PACKAGES = ["flows", "tasks", "engine", "infra", "bench"]
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
