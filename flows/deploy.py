@@ -28,6 +28,7 @@ from typing import Any
 from uuid import UUID
 
 from engine.config import load_config
+from flows.runner_stop import mark_stopped, release_stop_dir, share_stop_dir
 
 OVERLAP = ("wait", "cancel")
 LOOPBACK = "127.0.0.1"
@@ -158,20 +159,22 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 CANCEL_ACK_S = 15.0  # how long a runner's cancel waits for the run to confirm it (Prefect's default: 1 s)
 
 
-def runner() -> Any:
+def runner(ack_timeout_s: float = CANCEL_ACK_S) -> Any:
     """The Prefect runner that `rollart deploy` serves with: it pauses the schedule when stopped, and its
-    cancel of a run in flight waits up to CANCEL_ACK_S for the run's acknowledgement before the SIGTERM.
+    cancel of a run in flight waits up to `ack_timeout_s` for the run's acknowledgement before the SIGTERM.
 
     A run marks that SIGTERM as a cancel only if it acknowledged the runner's cancel intent first, on the
     control channel's thread. While the run's main thread holds the GIL in a long C call (an extension
     module loading, Ray starting: seconds on a busy machine) that thread cannot answer; after Prefect's 1 s
     the runner sent SIGTERM anyway, and the run ended as a crash whose hook counted a failure that the
-    auto-resume automation answered with an extra run (a `make test` run saw exactly that)."""
+    auto-resume automation answered with an extra run (a `make test` run saw exactly that). A run deaf for
+    longer still learns of the stop from flows/runner_stop.py, whose directory its process inherits."""
     from prefect.runner import Runner
     from prefect.runner._control_channel import ControlChannel
 
+    share_stop_dir()
     serving = Runner(pause_on_shutdown=True)
-    serving._control_channel = ControlChannel(ack_timeout=CANCEL_ACK_S)  # wired into the runner at start()
+    serving._control_channel = ControlChannel(ack_timeout=ack_timeout_s)  # wired into the runner at start()
     return serving
 
 
@@ -180,15 +183,19 @@ async def stop_runner(serving: Any) -> None:
 
     A run still starting cannot: its SIGTERM would land before the run installed Prefect's handler (the
     process dies, nothing recorded), or after that but before the runner saw the run connect, where the
-    run takes it for a crash and its hook counts a failure. So first wait, at most CANCEL_ACK_S, until
-    each run the runner launched listens on its control channel or has ended."""
-    deadline = time.monotonic() + CANCEL_ACK_S
+    run takes it for a crash and its hook counts a failure. So first wait until each run the runner
+    launched listens on its control channel or has ended (at most as long as the runner waits for an ack).
+    A run still deaf after that finds its id among the stopped runs (flows/runner_stop.py) when its crash
+    hook runs."""
+    deadline = time.monotonic() + serving._control_channel._ack_timeout
     while time.monotonic() < deadline:
         runs = list(serving._control_channel._registrations.values())
         if all(r.connected.is_set() or r.disconnected.is_set() for r in runs):
             break
         await asyncio.sleep(0.1)
-    await serving.astop()
+    mark_stopped(serving._process_manager.flow_run_ids())
+    await serving.astop()  # returns once each run's process has exited: no hook is left to read the marks
+    release_stop_dir()
 
 
 async def _serve(dep: Any) -> None:

@@ -6,7 +6,8 @@ experiment's metadata store (`run_events`, beside its steps and checkpoints) and
 `rollart.experiment.NAME`. The resource carries `rollart.failures`: the failed or crashed runs of the
 experiment since its last completed one, this one included ("0" after a completion); the payload the reason
 and the last checkpoint's step. `rollart deploy --auto-resume N` matches on them (flows/deploy.py).
-A run refused because the experiment already trained (`RunExists`) leaves nothing.
+A run refused because the experiment already trained (`RunExists`) leaves nothing, and so does a run its
+`rollart deploy` runner stopped, whose SIGTERM it took for a crash (flows/runner_stop.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prefect.events import emit_event
 from pydantic import ValidationError
 
 from engine.config import ExperimentConfig
+from flows.runner_stop import stopped_by_runner
 from tasks.events import record_run_end
 
 
@@ -31,6 +33,8 @@ class RunExists(RuntimeError):
 def _recorder(kind: str) -> Callable[[Any, Any, Any], None]:
     def hook(flow: Any, flow_run: Any, state: Any) -> None:
         if f"{RunExists.__name__}: " in (state.message or ""):
+            return
+        if kind == "crashed" and stopped_by_runner(flow_run.id):  # a cancel the run could not hear in time
             return
         try:
             cfg = ExperimentConfig.model_validate(flow_run.parameters["config"])

@@ -3,9 +3,12 @@
 `python -m tests.integration.flows.held_gil MARKER WHEN` (PREFECT_API_URL set) serves `hold_the_gil` with
 `flows.deploy.runner()`, starts one run, and stops the runner as `rollart deploy` does on SIGTERM, at WHEN:
 "importing" while the run's process still imports the flow (it cannot listen for a cancel yet), or
-"holding" while the run's main thread holds the GIL for HOLD_S (its listener thread cannot answer). It
-prints one JSON line: what the runner's control channel returned for its cancel (`acked`) and the run's
-final state. The run writes its progress into MARKER, and then the cancel intent it saw at the SIGTERM.
+"holding" while the run's main thread holds the GIL for HOLD_S (its listener thread cannot answer), or
+"deaf" once a run that never connects to the control channel runs (as one whose imports outlast the
+runner's wait): that run takes the SIGTERM for a crash, and its crash hook writes whether it learnt from
+flows/runner_stop.py that its runner stopped it. It prints one JSON line: what the runner's control
+channel returned for its cancel (`acked`) and the run's final state. The run writes its progress into
+MARKER, then the cancel intent it saw at the SIGTERM, then what its crash hook saw.
 """
 
 from __future__ import annotations
@@ -17,26 +20,41 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
 HOLD_S = 4  # longer than Prefect's default wait for an acknowledgement (1 s)
 IMPORT_S = 2.0
+DEAF_ACK_S = 2.0  # the runner's wait for a connection and an ack, in the "deaf" case
 
 if os.environ.get("PREFECT__FLOW_RUN_ID") and os.environ.get("HELD_GIL_MARKER"):  # in the run's process
     Path(os.environ["HELD_GIL_MARKER"]).write_text("importing")
     time.sleep(IMPORT_S)  # as the train flow's imports take seconds before the run can listen
+    if os.environ.get("HELD_GIL_WHEN") == "deaf":
+        from prefect._internal import control_listener
+
+        control_listener._configured_port = None  # the engine will not connect to the runner's channel
 
 
-@flow
-def hold_the_gil(marker: str) -> None:
+def _note_crash(flow: Any, flow_run: Any, state: Any) -> None:
+    from flows.runner_stop import stopped_by_runner
+
+    marker = Path(os.environ["HELD_GIL_MARKER"])
+    stopped = stopped_by_runner(flow_run.id)
+    marker.write_text(f"{marker.read_text()}; crash hook: stopped by its runner: {stopped}")
+
+
+@flow(on_crashed=[_note_crash])
+def hold_the_gil(marker: str, when: str) -> None:
     """Hold the GIL for HOLD_S in one C call (as an extension loading does), then idle until stopped."""
     from prefect._internal.control_listener import get_intent
     from prefect.exceptions import TerminationSignal
 
     try:
-        Path(marker).write_text("holding")
-        ctypes.PyDLL(None).sleep(HOLD_S)  # a PyDLL call keeps the GIL; SIGTERM may end the sleep early
+        Path(marker).write_text("holding" if when != "deaf" else "deaf")
+        if when != "deaf":
+            ctypes.PyDLL(None).sleep(HOLD_S)  # a PyDLL call keeps the GIL; SIGTERM may end the sleep early
         while True:
             time.sleep(0.1)
     except TerminationSignal:
@@ -49,7 +67,7 @@ async def main(marker: Path, when: str) -> dict:
 
     from flows.deploy import runner, stop_runner
 
-    serving = runner()
+    serving = runner(DEAF_ACK_S) if when == "deaf" else runner()
     channel = serving._control_channel
     deliver = channel.signal
     acked: list[bool] = []
@@ -59,7 +77,7 @@ async def main(marker: Path, when: str) -> dict:
         return acked[-1]
 
     channel.signal = recorded  # type: ignore[method-assign]
-    dep = await hold_the_gil.ato_deployment(name="held-gil", parameters={"marker": str(marker)})
+    dep = await hold_the_gil.ato_deployment(name="held-gil", parameters={"marker": str(marker), "when": when})
     dep_id = await serving.aadd_deployment(dep)
     started = asyncio.create_task(serving.start())
     async with get_client() as client:
