@@ -58,6 +58,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("plain", "waiting")
 LAYOUTS = ("shared", "split")
 STEP_CAP = 3  # a run with a wall-time budget takes at most this many times --steps
+# Each step's record in a curve: where its time went, and what it trained on (the training reward, how
+# many versions late its samples were, and how much their importance weights kept of them), so a mode that
+# learns less per step shows why.
+PER_STEP = (
+    "step_s",
+    "wait_batch_s",
+    "train_s",
+    "update_s",
+    "reward_mean",
+    "staleness_mean",
+    "is_weight_mean",
+    "is_truncated_frac",
+    "batch_action_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -188,12 +202,12 @@ async def _drive(
     proto = exp.protocol()
     await proto.start()
     points: list[dict[str, Any]] = []
-    phases: list[dict[str, float]] = []  # per step: where its time went
+    phases: list[dict[str, float]] = []  # per step: where its time went, and what it trained on
     tokens = 0
     t0 = time.perf_counter()
     for step in range(1, max_steps + 1):  # should_stop ends it at max_steps at the latest
         m = await proto.step()
-        phases.append({k: m.get(k) for k in ("step_s", "wait_batch_s", "train_s", "update_s")})
+        phases.append({k: m.get(k) for k in PER_STEP})
         tokens += (await exp.rollout.stats.remote())["tokens"]
         clock = time.perf_counter() - t0  # the weights scored are those of this moment
         print(f"  {checkpoints.name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
