@@ -67,6 +67,7 @@ def postgres_server() -> Iterator[str]:
         )
     try:
         wait_port(port, 30, "postgres", log=Path(log_path).read_text()[-2000:])
+        _wait_accepting(port, 60, log_path)
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:
         pid_file = os.path.join(data, "postmaster.pid")
@@ -76,6 +77,20 @@ def postgres_server() -> Iterator[str]:
             )  # fast shutdown of the postmaster
         proc.wait(timeout=30)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def _wait_accepting(port: int, timeout_s: float, log_path: str) -> None:
+    """Until the server on `port` accepts connections: it listens while it still starts up and refuses
+    them ("the database system is starting up", which a CI run's fixtures met on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    ready = [_pg_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-t", "5"]
+    while subprocess.run(ready, capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"postgres on 127.0.0.1:{port} accepted no connection within {timeout_s}s\n"
+                + Path(log_path).read_text()[-2000:]
+            )
+        time.sleep(0.1)
 
 
 def create_database(server_url: str, name: str) -> str:
