@@ -13,6 +13,7 @@ import ray
 
 from engine.modes import Mode
 from engine.protocol import Collaborators, IterationProtocol
+from infra.local_ray import init_local_ray
 
 ROOT = Path(__file__).resolve().parents[3]
 BATCH_BYTES = 1 << 20  # past Ray's inline limit: it travels through the object store
@@ -60,7 +61,7 @@ class Trainer:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    init_local_ray(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield
     ray.shutdown()
 

@@ -8,6 +8,7 @@ import ray
 
 from engine.config import PoolConfig
 from engine.core.resources import ResourceManager
+from infra.local_ray import init_local_ray
 from infra.metadata import MetadataStore
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -20,7 +21,7 @@ def pools_on_ray(
     """`ray.init` with the pools' resources (and e.g. `num_gpus`); shut down and closed afterwards."""
     store = MetadataStore(f"sqlite:///{db}")
     manager = ResourceManager(pools, store, run=run)
-    ray.init(
+    init_local_ray(
         num_cpus=2,
         resources=manager.ray_resources,
         include_dashboard=False,

@@ -14,6 +14,7 @@ from engine.rollout.gen_worker import GenerationWorker
 from engine.rollout.proxy import GenSlot, LLMProxy
 from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import RolloutService
+from infra.local_ray import init_local_ray
 from infra.metadata import MetadataStore
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -40,11 +41,10 @@ def services(tmp_path_factory):
         MetadataStore(f"sqlite:///{tmp}/meta.db"),
         run="rollout-test",
     )
-    ray.init(
+    init_local_ray(
         num_cpus=2,
         resources=rm.ray_resources,
         include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     )
     gen = Cluster(

@@ -13,6 +13,7 @@ import pytest
 import ray
 from ray import serve
 
+from infra.local_ray import init_local_ray
 from infra.serve import deploy_function, new_token, replica_count, undeploy
 from infra.serverless import ServerlessClient, ServerlessError
 from tests.services import COLD_CALL_S
@@ -55,7 +56,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> fl
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    init_local_ray(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         yield
     finally:

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import pytest
 import ray
 
+from infra.local_ray import init_local_ray
 from infra.weightstore import MissingKeyError
 from infra.weightstore.ray_store import RayObjectStore
 
@@ -27,7 +28,7 @@ class Peer:
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[RayObjectStore]:
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    init_local_ray(num_cpus=1, include_dashboard=False, log_to_driver=False)
     client = RayObjectStore(name=TABLE)
     yield client
     client.destroy()
