@@ -24,12 +24,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.report import at_least, ci_text, median_ci
 from engine.envs.base import Env
 from engine.modes import Mode
 from engine.rollout.scheduler import TaskSpec
+
+if TYPE_CHECKING:
+    from engine.core.warm import WarmWorkers
 
 MODE_ORDER = tuple(Mode)  # sync, sync+, one-off, areal, rollart: the order throughput is expected in
 SEED_STRIDE = 10_000  # between rounds' seeds: far more than the envs one run builds, so no draw is shared
@@ -217,11 +220,13 @@ def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def _run_one(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str) -> dict[str, Any]:
+def _run_one(
+    s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str, warm: WarmWorkers
+) -> dict[str, Any]:
     from engine.config import load_config
     from engine.experiment import Experiment
 
-    exp = Experiment(load_config(data=experiment_data(s, mode, alpha, model_dir, run_root)))
+    exp = Experiment(load_config(data=experiment_data(s, mode, alpha, model_dir, run_root)), warm=warm)
     try:
         exp.provision()
         exp.prepare_model()
@@ -269,12 +274,15 @@ def run_order(configs: int, rounds: int) -> list[tuple[int, int]]:
 
 def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[str, Any]]]:
     """Run every (mode, α) of `plan` once per round (`run_order`, round r on seed `round_seeds(s)[r]`),
-    in one Ray session, from one model directory (built from `s.seed`).
+    in one Ray session, from one model directory (built from `s.seed`). The trainer's and generation
+    workers' processes pass from run to run (`WarmWorkers`): a run's start-up is its model load, not
+    importing torch again (what each step measures is the same either way).
 
     Returns, per plan entry, its runs in round order (so the k-th runs of two entries share a seed).
     """
     import ray
 
+    from engine.core.warm import WarmWorkers
     from engine.models.tiny import init_model
 
     out: list[list[dict[str, Any]]] = [[] for _ in plan]
@@ -282,10 +290,10 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
         root = Path(tmp)
         model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
         try:
-            seeds = round_seeds(s)
+            seeds, warm = round_seeds(s), WarmWorkers()
             for k, i in run_order(len(plan), s.rounds):
                 mode, alpha = plan[i]
-                r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"))
+                r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"), warm)
                 out[i].append(r)
                 print(
                     f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "

@@ -52,6 +52,7 @@ from engine.modes import policy
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
+    from engine.core.warm import WarmWorkers
     from engine.experiment import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,15 +230,18 @@ def _train(
     seed: int,
     root: Path,
     budget_s: float | None = None,
+    warm: WarmWorkers | None = None,
 ) -> dict[str, Any]:
     """Train one run, `s.steps` steps or, given a budget, until it is spent (at most STEP_CAP × as many);
-    returns its checkpoints with the training time and tokens each was reached at."""
+    returns its checkpoints with the training time and tokens each was reached at. `warm`: processes
+    of the last run to rebuild for this one (engine/core/warm.py; the clock starts at the first step
+    either way)."""
     from engine.experiment import Experiment
     from engine.rollout.service import default_env_factory
 
     max_steps = s.steps if budget_s is None else STEP_CAP * s.steps
     cfg = run_config(s, setting, layout, mode, alpha, seed, root, max_steps)
-    exp = Experiment(cfg)
+    exp = Experiment(cfg, warm=warm)
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, seed * 100_000)
         if setting == "waiting"
@@ -319,8 +323,11 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
     """Every run of `s`, each scored at its checkpoints; with the held-out success before training."""
     import ray
 
+    from engine.core.warm import WarmWorkers
+
     runs: list[dict[str, Any]] = []
     before: float | None = None
+    warm = WarmWorkers()
     with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp:
         try:
             # seeds outside modes: a drift in machine load spreads over all modes
@@ -332,7 +339,7 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
                         if s.fixed_steps or mode == "sync+"
                         else budgets(runs).get((setting, layout, seed))
                     )
-                    r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget)
+                    r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget, warm)
                     model_dir = r.pop("model_dir")
                     if before is None:  # every run starts from these weights: scored once
                         before = asyncio.run(_score([model_dir], s))[model_dir]

@@ -5,6 +5,9 @@ store, actors, checkpoint restore) and retry each on its own. Every role's worke
 where the `ResourceManager` binds them: trainer (`actor_train`), generation (`actor_gen`) and the env loops
 (`environment`); the LLMProxy routes generation between them. The actors live in a Ray namespace per run
 and die with the driver; a resumed run starts new ones and restores their state from the checkpoint.
+Runs in sequence on one Ray may share a `WarmWorkers` (engine/core/warm.py): the trainer's, the
+generation workers' and the rollout's processes then pass from one run to the next, rebuilt from each
+run's config.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from engine.core.cluster import Cluster
 from engine.core.handles import wait_gone
 from engine.core.nodes import missing_pools, rendezvous
 from engine.core.resources import ResourceManager, ray_resource
+from engine.core.warm import WarmWorkers
 from engine.envs.base import Env
 from engine.faults import FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
@@ -52,8 +56,9 @@ WORKER_ENV = {
 
 
 class Experiment:
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path | None = None):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path | None = None, warm: WarmWorkers | None = None):
         self.cfg = cfg
+        self.warm = warm
         self.run_dir = Path(run_dir or cfg.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = cfg.name
@@ -205,6 +210,8 @@ class Experiment:
             self.clusters["gen"] = self._gen_cluster(common)
             self.proxy = self._start_proxy()
             self.clusters["rollout"] = self._rollout_cluster(env_factory, score)
+            if self.warm is not None:  # what this run did not take holds resources it may need
+                self.warm.drain()
             for c in self.clusters.values():  # all roles were requested at once: their imports overlap
                 c.ready()
         except BaseException:  # a retry starts from nothing: this attempt's actors stopped, its units free
@@ -239,6 +246,7 @@ class Experiment:
             ).model_dump(),
             namespace=self.namespace,
             wait=False,
+            warm=self.warm,
         )
 
     def _gen_cluster(self, common: dict[str, Any]) -> Cluster:
@@ -266,6 +274,7 @@ class Experiment:
             namespace=self.namespace,
             max_restarts=GEN_MAX_RESTARTS,
             wait=False,
+            warm=self.warm,
         )
 
     def _start_proxy(self) -> Any:
@@ -298,6 +307,7 @@ class Experiment:
             max_concurrency=100_000,
             namespace=self.namespace,
             wait=False,
+            warm=self.warm,
         )
 
     def _score(self) -> ScoreFn:
@@ -371,6 +381,8 @@ class Experiment:
         cluster was still being built when it failed holds one too). Returns once the named proxy is gone."""
         if self.proxy is not None:
             ray.kill(self.proxy)
+        for c in self.clusters.values():
+            c.begin_retiring()
         for c in self.clusters.values():
             c.shutdown()
         self.clusters.clear()

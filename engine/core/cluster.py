@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from engine.core.decorators import DispatchSpec, dispatch_spec
 from engine.core.handles import RankGroup
 from engine.core.resources import ResourceManager, ray_resource
 from engine.core.routing import pick
+from engine.core.warm import WarmWorkers
 from engine.core.worker import Worker
 from infra.metadata import BindingRow
 from infra.serverless import ServerlessClient
@@ -38,6 +40,7 @@ class WorkerHandle:
     capacity: int = 1
     outstanding: int = 0
     calls: int = 0  # calls routed here so far: ties go to the least used (spreads load)
+    warm_key: Hashable = None  # what a WarmWorkers files the process under once it is retired
 
 
 def gpus_for(kind: str, units: int, cluster_gpus: float, share: float | None = None) -> float:
@@ -66,6 +69,7 @@ class Cluster:
         namespace: str | None = None,
         max_restarts: int = 0,
         wait: bool = True,
+        warm: WarmWorkers | None = None,
     ):
         if not ray.is_initialized():
             raise RuntimeError("Cluster needs Ray: call ray.init(resources=rm.ray_resources) first")
@@ -77,6 +81,8 @@ class Cluster:
         self.max_concurrency = max_concurrency
         self.namespace = namespace
         self.max_restarts = max_restarts
+        # processes kept between runs (engine/core/warm.py): only for a role that can retire its workers
+        self.warm = warm if hasattr(worker_cls, "retire") else None
         self.serverless = {
             k: ServerlessClient(
                 u, token=serverless_token, timeout_s=serverless_timeout_s, retries=serverless_retries
@@ -87,6 +93,7 @@ class Cluster:
         self.fallback_calls = 0
         self.restarts = 0
         self._starting: list[tuple[BindingRow, Any]] = []  # (binding, ping ref) not yet answered
+        self._retiring: list[Any] = []  # the workers' retire() refs, once asked (`begin_retiring`)
         self.workers = self._spawn(
             [
                 (rank, rm.bind(self._wname(rank), worker_cls.role.value, role.pool, role.units))
@@ -126,36 +133,29 @@ class Cluster:
                 f"pool {short[0].pool}: a worker needs {gpus[short[0].id]:g} GPUs, the Ray cluster has "
                 f"{have_gpus:g}"
             )
-        actors = [
-            ray.remote(self.worker_cls)
-            .options(
-                resources={ray_resource(b.pool): b.units},
-                num_gpus=gpus[b.id],
-                num_cpus=0,
-                max_concurrency=self.max_concurrency,
-                namespace=self.namespace,
-                max_restarts=self.max_restarts,
-            )
-            .remote(
-                self._wname(rank),
-                rank,
-                self.role.count,
-                b.pool,
-                self.rm.kind(b.pool),
-                self.worker_config,
-                cores=self.rm.pools[b.pool].cores,
-            )
-            for rank, b in bound
-        ]
-        # ray types an actor handle's methods as the class's plain functions, which have no .remote
-        self._starting += [
-            (b, a.ping.remote())  # type: ignore[attr-defined]
-            for (_, b), a in zip(bound, actors, strict=True)
-        ]
-        return [
-            WorkerHandle(rank, a, b, self.rm.kind(b.pool), self.max_concurrency)
-            for (rank, b), a in zip(bound, actors, strict=True)
-        ]
+        handles = []
+        for rank, b in bound:
+            options = {
+                "resources": {ray_resource(b.pool): b.units},
+                "num_gpus": gpus[b.id],
+                "num_cpus": 0,
+                "max_concurrency": self.max_concurrency,
+                "max_restarts": self.max_restarts,
+            }
+            kind, cores = self.rm.kind(b.pool), self.rm.pools[b.pool].cores
+            args = (self._wname(rank), rank, self.role.count, b.pool, kind, self.worker_config)
+            key = (self.worker_cls.__qualname__, repr(sorted(options.items())))
+            actor = self.warm.take(key) if self.warm is not None else None
+            if actor is None:
+                made = ray.remote(self.worker_cls).options(namespace=self.namespace, **options)
+                actor = made.remote(*args, cores=cores)
+                # ray types an actor handle's methods as the class's plain functions, which have no .remote
+                first = actor.ping.remote()  # type: ignore[attr-defined]
+            else:  # a warm process: the constructor again, with this run's config
+                first = actor.reinit.remote(*args, cores=cores)
+            self._starting.append((b, first))
+            handles.append(WorkerHandle(rank, actor, b, kind, self.max_concurrency, warm_key=key))
+        return handles
 
     def ready(self) -> Cluster:
         """Wait until every requested worker answers (raises what its constructor raised); record the node
@@ -187,11 +187,24 @@ class Cluster:
             self._replace(w)
         return len(dead)
 
+    def begin_retiring(self) -> None:
+        """Ask every worker to retire (when the cluster has a WarmWorkers), without waiting: `shutdown` then
+        collects the answers, so the clusters of a run retire theirs at once."""
+        if self.warm is not None and not self._retiring:
+            self._retiring = [w.actor.retire.remote() for w in self.workers]
+
     def shutdown(self) -> None:
-        for w in self.workers:
-            ray.kill(w.actor, no_restart=True)
+        """Kill the workers, or retire them into the WarmWorkers the cluster was given (a worker that cannot
+        retire, or does not answer, is killed); free their pool units either way."""
+        self.begin_retiring()
+        kept = [_retired(ref) for ref in self._retiring] or [False] * len(self.workers)
+        for w, keep in zip(self.workers, kept, strict=True):
+            if keep and self.warm is not None:
+                self.warm.give(w.warm_key, w.actor)
+            else:
+                ray.kill(w.actor, no_restart=True)
             self.rm.release(w.binding)
-        self.workers = []
+        self.workers, self._retiring = [], []
 
     # routing -------------------------------------------------------------------------------------
     def ranks(self) -> RankGroup:
@@ -229,6 +242,15 @@ class Cluster:
         self.routes[w.binding.pool] += 1
         w.calls += 1
         return [w]
+
+
+def _retired(ref: Any, timeout_s: float = 60.0) -> bool:
+    """Whether a worker's `retire()` (its result `ref`) let go of its run so the process can serve another:
+    False if it declined, died or hung."""
+    try:
+        return bool(ray.get(ref, timeout=timeout_s))
+    except (RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError):
+        return False
 
 
 class _BoundMethod:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import socket
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import ray
+from ray.experimental import internal_kv
 
 from engine.core.decorators import dispatch_spec
 
@@ -51,6 +54,39 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def restarted() -> bool:
+    """True in an actor incarnation that Ray restarted after the process died (False outside an actor)."""
+    if not ray.is_initialized():  # asking for the runtime context would start a local Ray instance
+        return False
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None:  # a worker object built in the driver (tests, local runs)
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray's own implementation warns about a deprecated call
+        return bool(context.was_current_actor_reconstructed)
+
+
+# Ray restarts a dead actor with the arguments it was created with. A process rebuilt for another run
+# (`Worker.reinit`) must come back as that run's worker, so `reinit` files its arguments in Ray's key-value
+# store under the actor's id, and a restartable role's constructor takes them from there (`latest_args`).
+_ARGS_KEY = "rollart/reinit/{}"
+
+
+def _remember_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    if actor is not None:
+        internal_kv._internal_kv_put(_ARGS_KEY.format(actor), pickle.dumps((args, kwargs)), overwrite=True)
+
+
+def latest_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments to build this worker from: the last `reinit`'s, in an incarnation Ray restarted after
+    one; else the ones given."""
+    if not restarted():
+        return args, kwargs
+    stored = internal_kv._internal_kv_get(_ARGS_KEY.format(ray.get_runtime_context().get_actor_id()))
+    return pickle.loads(stored) if stored is not None else (args, kwargs)
+
+
 class Worker:
     """Subclass per role; decorate methods with `register` / `hw_mapping` / `register_serverless`.
 
@@ -79,6 +115,15 @@ class Worker:
         self.pool = pool
         self.pool_kind = pool_kind
         self.config = config or {}
+
+    def reinit(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Become a new worker of a new run in this process, as the constructor would build it (what the
+        process imported stays imported: the seconds a new process spends on torch and transformers).
+        Returns `ping()`, as a new worker's first answer. Only for a role with a `retire()` method, which
+        lets go of the last run's state and says whether the process can be reused (`engine/core/warm.py`)."""
+        _remember_args(args, kwargs)
+        type(self).__init__(self, *args, **kwargs)
+        return self.ping()
 
     def ping(self) -> dict[str, Any]:
         """Liveness and placement: the Cluster records `node` in the binding row; `gpus` are the GPU ids

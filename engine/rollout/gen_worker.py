@@ -18,15 +18,13 @@ names the class.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
-import ray
-
 from engine.core.decorators import hw_mapping
-from engine.core.worker import Role, Worker, device
+from engine.core.worker import Role, Worker, device, latest_args, restarted
 from engine.rollout.gen_worker_args import GenerationWorkerArgs
 from engine.types import GenOutput, GenRequest
 from infra.weightstore.factory import open_store
@@ -35,6 +33,8 @@ if TYPE_CHECKING:
     from engine.backends.base import GenerationBackend
     from engine.weights.transfer import WeightPrefetcher
 
+REUSABLE_BACKENDS = ("hf", "modelled")  # engines a process can close and build again (`retire`)
+
 
 class GenerationWorker(Worker):
     """config: the fields of `engine/rollout/gen_worker_args.py` `GenerationWorkerArgs`."""
@@ -42,6 +42,7 @@ class GenerationWorker(Worker):
     role = Role.ACTOR_GEN
 
     def __init__(self, *args: Any, **kwargs: Any):
+        args, kwargs = latest_args(args, kwargs)  # restarted after a `reinit`: that run's worker again
         super().__init__(*args, **kwargs)
         import torch
 
@@ -59,10 +60,24 @@ class GenerationWorker(Worker):
         self.prefetcher = WeightPrefetcher(open_store(store), conf.run_id) if store else None
         kill = conf.kill_after_requests
         self.requests = 0
-        restarted = _restarted()
-        self.kill_after: int | None = kill if kill and self.rank == 0 and not restarted else None
-        if restarted and self.prefetcher is not None:
+        again = restarted()
+        self.kill_after: int | None = kill if kill and self.rank == 0 and not again else None
+        if again and self.prefetcher is not None:
             self._rejoin(self.prefetcher)
+
+    async def retire(self) -> bool:
+        """Reusable with an engine that is plain Python in this process (`hf`, `modelled`; vLLM's engine
+        owns processes and memory of its own) and not a restarted incarnation (its constructor rejoins a
+        run): close the engine and the store client; `reinit` builds them anew from the next run's config."""
+        if self.config["backend"]["kind"] not in REUSABLE_BACKENDS or restarted():
+            return False
+        await self.backend.close()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher.store.close()
+        del self.backend, self.prefetcher
+        gc.collect()
+        return True
 
     def _rejoin(self, prefetcher: WeightPrefetcher) -> None:
         """Load the newest published weights (none published yet: the initial ones are current)."""
@@ -101,15 +116,3 @@ class GenerationWorker(Worker):
     def load_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         """Direct path (no store): weights passed through Ray's object store."""
         self.backend.load_weights(named_tensors.items(), version)
-
-
-def _restarted() -> bool:
-    """True in an actor incarnation that Ray restarted after the process died (False outside an actor)."""
-    if not ray.is_initialized():  # asking for the runtime context would start a local Ray instance
-        return False
-    context = ray.get_runtime_context()
-    if context.get_actor_id() is None:  # a worker object built in the driver (tests, local runs)
-        return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Ray's own implementation warns about a deprecated call
-        return bool(context.was_current_actor_reconstructed)

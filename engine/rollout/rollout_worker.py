@@ -20,3 +20,9 @@ class RolloutWorker(Worker, RolloutService):
     def __init__(self, *args: Any, **kwargs: Any):
         Worker.__init__(self, *args, **kwargs)
         RolloutService.__init__(self, **self.config)
+
+    async def retire(self) -> bool:
+        """Stop the scheduler (every member it started ends, counted) and let the process serve another run:
+        `reinit` builds a new service from that run's config (engine/core/warm.py)."""
+        await self.stop()
+        return self._runner is None or self._runner.done()

@@ -17,6 +17,7 @@ imports this module only to name the actor class, and a run starts seconds soone
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import statistics
 from pathlib import Path
@@ -88,6 +89,17 @@ class TrainWorker(Worker):
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         store = conf.store if self.trainer.writes else None  # rank 0 publishes for all
         self.publisher = WeightPublisher(open_store(store), conf.run_id) if store else None
+
+    def retire(self) -> bool:
+        """Reusable when it is one torch process (Megatron ranks share process groups set up once): close
+        the store client, drop the model and its optimiser; `reinit` builds them for the next run."""
+        if self.args.training != "torch" or self.world_size > 1:
+            return False
+        if self.publisher is not None:
+            self.publisher.store.close()
+        del self.trainer, self.publisher
+        gc.collect()
+        return True
 
     @register
     def version(self) -> int:

@@ -4,25 +4,29 @@ of the actors that fails partway.
 The run must finish its steps; every trained group is whole; the killed worker is restarted by Ray and the
 requests it held are served by the other one; every dropped and retried thing is counted. A failed start
 leaves nothing held, so its retry (the `start_actors` task's) starts.
+
+The runs pass their processes on (`WarmWorkers`, engine/core/warm.py), so each also checks that a worker
+rebuilt for a run, and restarted by Ray after a crash in it, serves that run.
 """
 
 import pytest
 import ray
 
 from engine.config import load_config
+from engine.core.warm import WarmWorkers
 from engine.experiment import Experiment
 from engine.rollout.ledger import unended
 from tests.integration.runs import G, ray_for, start, steps, tiny_config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray(tmp_path_factory):
-    """One Ray for the module's runs (the same pools): each run starts and stops its actors on it."""
-    with ray_for(tiny_config(tmp_path_factory.mktemp("ray"), "ray")):
-        yield
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """One Ray for the module's runs (the same pools), and the processes they pass on."""
+    with ray_for(tiny_config(tmp_path_factory.mktemp("ray"), "ray")), WarmWorkers() as kept:
+        yield kept
 
 
-def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
+def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path, warm):
     # Seed 2117 draws its faults early, so no timing decides whether they happen: the first env built
     # crashes at its first step, the second hangs there (its 1 s env timeout fails it), and the first
     # score call errors. (Seed 1's first crash was in the 16th env: a run that built fewer envs saw none.)
@@ -33,7 +37,7 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
         "reward_error": 0.2,
         "gen_kill_after_requests": 8,
     }
-    exp = Experiment(load_config(data=tiny_config(tmp_path, "faults", faults=faults)))
+    exp = Experiment(load_config(data=tiny_config(tmp_path, "faults", faults=faults)), warm=warm)
     try:
         start(exp)
         gen0, gen1 = (w.actor for w in exp.clusters["gen"].workers)
@@ -59,8 +63,8 @@ def test_worker_kill_env_and_reward_faults_the_run_finishes_whole(tmp_path):
         exp.teardown()
 
 
-def test_a_start_of_the_actors_that_fails_partway_frees_its_pool_units_and_a_retry_starts(tmp_path):
-    exp = Experiment(load_config(data=tiny_config(tmp_path, "restart")))
+def test_a_start_of_the_actors_that_fails_partway_frees_its_pool_units_and_a_retry_starts(tmp_path, warm):
+    exp = Experiment(load_config(data=tiny_config(tmp_path, "restart")), warm=warm)
     calls = []
     real_proxy = exp._start_proxy
 
@@ -83,8 +87,10 @@ def test_a_start_of_the_actors_that_fails_partway_frees_its_pool_units_and_a_ret
             "cpu": 0,
         }
         assert exp.clusters == {} and exp.proxy is None
+        reused = warm.reused
         exp.start_actors()  # what the task's retry does: the same pools, now free
         assert len(calls) == 2 and len(exp.clusters["gen"].workers) == 2
+        assert warm.reused - reused >= 3  # at least the failed start's trainer and generation workers
         assert ray.get(exp.trainer.version.remote()) == 0
     finally:
         exp.teardown()
@@ -94,7 +100,7 @@ def test_a_start_of_the_actors_that_fails_partway_frees_its_pool_units_and_a_ret
     ("mode", "bound"),
     [("sync", [0, 0, 0]), ("sync+", [0, 0, 0]), ("one-off", [0, 1, 1]), ("areal", [0, 1, 1])],
 )
-def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(tmp_path, mode, bound):
+def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(tmp_path, mode, bound, warm):
     """One generation worker: it dies during step 2; Ray restarts it and it must load the newest published
     weights before serving, or the retried requests would be answered by v0 weights. Each mode's
     guarantee holds through the kill (on-policy stays on-policy; one-off and areal stay within 1)."""
@@ -105,7 +111,7 @@ def test_a_restarted_sole_worker_serves_the_newest_weights_not_the_initial_ones(
         train={"mode": mode, "alpha": 0 if mode.startswith("sync") else 1},
     )
     cfg["resources"]["roles"]["actor_gen"] = {"pool": "bandwidth", "count": 1}
-    exp = Experiment(load_config(data=cfg))
+    exp = Experiment(load_config(data=cfg), warm=warm)
     try:
         start(exp)
         (gen0,) = (w.actor for w in exp.clusters["gen"].workers)

@@ -115,9 +115,11 @@ def test_run_all_runs_every_configuration_once_per_round_on_that_rounds_seed(mon
     import engine.models.tiny
 
     calls: list[tuple[int, str]] = []
+    pools: set[int] = set()
 
-    def fake_run(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str) -> dict:
+    def fake_run(s: RunSettings, mode: str, alpha: int, model_dir: str, run_root: str, warm: object) -> dict:
         calls.append((s.seed, mode))
+        pools.add(id(warm))  # one WarmWorkers: each run takes the last one's processes
         return {
             "mode": mode,
             "alpha": alpha,
@@ -141,6 +143,7 @@ def test_run_all_runs_every_configuration_once_per_round_on_that_rounds_seed(mon
     ]
     assert [[r["seed"] for r in rs] for rs in out] == [seeds, seeds]  # per entry, in round order
     assert [[r["mode"] for r in rs] for rs in out] == [["sync"] * 3, ["rollart"] * 3]
+    assert len(pools) == 1
 
 
 def run_with(step_s: float, tokens_per_s: float, **kw: float) -> dict:

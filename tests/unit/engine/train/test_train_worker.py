@@ -96,3 +96,31 @@ def test_a_setting_the_worker_does_not_have_is_refused_by_name(model_dir: str) -
     config = {"model_dir": model_dir, "run_id": "r", "bucket_bytes": 1 << 20}  # never read: refused
     with pytest.raises(ValueError, match=r"(?s)bucket_bytes\n.*Extra inputs are not permitted"):
         TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
+
+
+def _numbers(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics without its timings (which no two processes share)."""
+    return {k: v for k, v in metrics.items() if not k.endswith("_s") and "per_s" not in k}
+
+
+def test_a_retired_worker_rebuilt_for_another_run_trains_as_a_new_one_would(
+    model_dir: str, make_group: Callable[..., Group]
+) -> None:
+    """`retire` + `reinit` (engine/core/warm.py): the process of one run, after training with other
+    settings, becomes the next run's trainer; its steps and weights are a new worker's, bit for bit."""
+    other = ([10, 11, 12], [30, 31], [-3.0, -3.0], 0)
+    group = make_group([(1.0, [TURN]), (0.0, [other])])
+    run = {"model_dir": model_dir, "run_id": "b", "trainer": {"lr": 1e-2, "seed": 3}, "store": None}
+    fresh = TrainWorker("train-0", 0, 1, "compute", "gpu-compute", run)
+    want = [_numbers(fresh.train_step([group])) for _ in range(2)], fresh.weights_sha256()
+
+    store = InMemoryStore()
+    used = worker(model_dir, store=store, lr=1e-3, kl_beta=0.1)  # the last run: other settings, a store
+    used.train_step([group])
+    used.publish()
+    assert used.retire() is True
+    info = used.reinit("train-0", 0, 1, "compute", "gpu-compute", run)
+    assert info["name"] == "train-0" and used.version() == 0 and used.publisher is None
+    got = [_numbers(used.train_step([group])) for _ in range(2)], used.weights_sha256()
+    assert got == want
+    assert want[0][0]["loss"] != want[0][1]["loss"]  # the steps moved the weights: a real comparison
