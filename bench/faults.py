@@ -95,17 +95,9 @@ QUICK = replace(FULL, steps=4, batch_groups=2, concurrency=16, rounds=3)  # fewe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--steps",
-        type=report.at_least(int, 1),
-        help=f"training steps per run ({FULL.steps}; quick {QUICK.steps})",
-    )
-    add(
-        "--rounds",
-        type=report.at_least(int, 1),
-        help=f"seeds per configuration ({FULL.rounds}; quick {QUICK.rounds})",
-    )
+    add, positive = parser.add_argument, report.at_least(int, 1)
+    add("--steps", type=positive, help=f"training steps per run ({FULL.steps}; quick {QUICK.steps})")
+    add("--rounds", type=positive, help=f"seeds per configuration ({FULL.rounds}; quick {QUICK.rounds})")
     add("--seed", type=report.at_least(int, 0), help=f"round 0's seed (default {FULL.seed})")
 
 
@@ -144,6 +136,21 @@ async def _workers(s: Settings) -> tuple[list[Any], list[int]]:
     return workers, [info["pid"] for info in await asyncio.gather(*(w.ping.remote() for w in workers))]
 
 
+async def _pid(worker: Any, wait_s: float = 60.0) -> int:
+    """The worker's pid once it answers: a call sent while Ray restarts it fails as unavailable (gen-0 dies
+    during every run), so it is asked again until `wait_s` has passed."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return int((await worker.ping.remote())["pid"])
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 def _rollout(s: Settings, rate: float, redundancy: int, model_dir: str, proxy: Any) -> Any:
     from engine.config import FaultsConfig
     from engine.faults import FaultyEnvFactory
@@ -169,8 +176,8 @@ async def _drive(proto: Any, s: Settings) -> tuple[list[float], int, str]:
     async def phase(name: str, fn: Any) -> Any:
         nonlocal partial
         out = await fn()
-        if name == "get_batch":  # what the trainer is about to get
-            partial += sum(len(g.members) != s.group_size or not g.complete for g in out)
+        if name == "get_batch":  # (its size, the groups the trainer is about to get)
+            partial += sum(len(g.members) != s.group_size or not g.complete for g in out[1])
         return out
 
     steps_s: list[float] = []
@@ -223,7 +230,7 @@ async def _run_one(s: Settings, redundancy: int, rate: float, model_dir: str) ->
     proto = IterationProtocol(collaborators, "rollart", s.batch_groups, get_batch_timeout_s=300)
     steps_s, partial, error = await _drive(proto, s)
     try:
-        restarted = (await workers[0].ping.remote())["pid"] != pids[0]
+        restarted = await _pid(workers[0]) != pids[0]
     finally:
         await rollout.stop()
         for w in workers:

@@ -1,0 +1,18 @@
+"""`bench faults` on local Ray, scaled down: every run does every step, loses nothing and trains only whole
+groups, with gen-0 killed mid-run and, at a failure rate, envs crashing and hanging."""
+
+import asyncio
+from dataclasses import replace
+
+from bench.faults import QUICK, _measure
+
+
+def test_every_run_does_every_step_whole_groups_only_through_the_faults():
+    s = replace(QUICK, steps=2, rounds=1, redundancies=(2,), rates=(0.0, 0.2))
+    runs = [r for config in asyncio.run(_measure(s)) for r in config]
+    assert [(r["redundancy"], r["failure_rate"]) for r in runs] == [(2, 0.0), (2, 0.2)]
+    for r in runs:
+        assert (r["error"], r["steps_done"], r["lost"], r["partial_groups_trained"]) == ("", 2, 0, 0), r
+        assert r["gen0_restarted"] and r["gen_requests_retried"] >= 1  # killed, back, its requests served
+    assert all(r["env_crashes"] + r["env_timeouts"] > 0 for r in runs if r["failure_rate"] > 0)
+    assert all(r["env_crashes"] + r["env_timeouts"] == 0 for r in runs if r["failure_rate"] == 0)
