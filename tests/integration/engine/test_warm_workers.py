@@ -51,40 +51,45 @@ def _steps(exp: Experiment, n: int) -> list[dict[str, Any]]:
 def test_the_next_run_takes_the_last_runs_processes_and_starts_from_its_own_state(tmp_path: Path) -> None:
     last, model = (str(init_model("tiny", tmp_path / f"model-{k}", seed=k)) for k in (1, 0))
     root = str(tmp_path / "runs")
-    with WarmWorkers() as warm:
-        first = _start(experiment_data(S, "rollart", 1, last, root), warm)  # another model, another mode
-        try:
-            pids = _pids(first)
-            assert [m["trained_at_version"] for m in _steps(first, 2)] == [0, 1]
-            ended = ray.get(first.trainer.weights_sha256.remote())
-        finally:
-            first.teardown()
-        assert (warm.retired, warm.idle()) == (3, 3)
+    try:  # the Ray the first run starts is this test's: never left to the next module
+        with WarmWorkers() as warm:
+            first = _start(experiment_data(S, "rollart", 1, last, root), warm)  # another model, another mode
+            try:
+                pids = _pids(first)
+                assert [m["trained_at_version"] for m in _steps(first, 2)] == [0, 1]
+                ended = ray.get(first.trainer.weights_sha256.remote())
+            finally:
+                first.teardown()
+            assert (warm.retired, warm.idle()) == (3, 3)
 
-        # the reused generation worker dies on its 6th request (step 1 of 2): Ray restarts it as this run's
-        # worker (`latest_args`), not as the first run's, whose model, weights and store are gone
-        killing = experiment_data(S, "sync+", 0, model, root) | {"faults": {"gen_kill_after_requests": 6}}
-        second = _start(killing, warm)
-        try:
-            assert _pids(second) == pids and warm.reused == 3 and warm.idle() == 0
-            gen = second.clusters["gen"].workers[0].actor
-            assert ray.get([second.trainer.version.remote(), gen.version.remote()]) == [0, 0]
-            initial = ray.get(second.trainer.weights_sha256.remote())
-            assert initial != ended  # its own model, not where the last run ended
-            assert [m["trained_at_version"] for m in _steps(second, 2)] == [0, 1]
-            assert _pids(second)["gen"] != pids["gen"]  # it died and came back
-            assert ray.get(gen.version.remote()) == 2  # this run's weights, through this run's store
-        finally:
-            second.teardown()
-        assert warm.idle() == 2  # a restarted incarnation is not reused
+            # the reused generation worker dies on its 6th request (step 1 of 2): Ray restarts it as this
+            # run's worker (`latest_args`), not as the first run's, whose model, weights and store are gone
+            killing = experiment_data(S, "sync+", 0, model, root) | {"faults": {"gen_kill_after_requests": 6}}
+            second = _start(killing, warm)
+            try:
+                assert _pids(second) == pids and warm.reused == 3 and warm.idle() == 0
+                gen = second.clusters["gen"].workers[0].actor
+                assert ray.get([second.trainer.version.remote(), gen.version.remote()]) == [0, 0]
+                initial = ray.get(second.trainer.weights_sha256.remote())
+                assert initial != ended  # its own model, not where the last run ended
+                assert [m["trained_at_version"] for m in _steps(second, 2)] == [0, 1]
+                assert _pids(second)["gen"] != pids["gen"]  # it died and came back
+                assert ray.get(gen.version.remote()) == 2  # this run's weights, through this run's store
+            finally:
+                second.teardown()
+            assert warm.idle() == 2  # a restarted incarnation is not reused
 
-        faulty = experiment_data(S, "sync+", 0, model, root) | {"faults": {"trainer_error_at_step": 9}}
-        third = _start(faulty, warm)  # a FaultyTrainWorker: the idle TrainWorker is killed, not waited for
-        try:
-            got = _pids(third)
-            assert got["train"] != pids["train"] and got["rollout"] == pids["rollout"]
-            assert warm.idle() == 0
-            assert ray.get(third.trainer.weights_sha256.remote()) == initial  # a new process, the same start
-        finally:
-            third.teardown()
-            third.release_ray()
+            faulty = experiment_data(S, "sync+", 0, model, root) | {"faults": {"trainer_error_at_step": 9}}
+            third = _start(
+                faulty, warm
+            )  # a FaultyTrainWorker: the idle TrainWorker is killed, not waited for
+            try:
+                got = _pids(third)
+                assert got["train"] != pids["train"] and got["rollout"] == pids["rollout"]
+                assert warm.idle() == 0
+                started = ray.get(third.trainer.weights_sha256.remote())
+                assert started == initial  # a new process, the same start
+            finally:
+                third.teardown()
+    finally:
+        ray.shutdown()
