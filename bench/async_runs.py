@@ -274,9 +274,9 @@ def run_order(configs: int, rounds: int) -> list[tuple[int, int]]:
 
 def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[str, Any]]]:
     """Run every (mode, α) of `plan` once per round (`run_order`, round r on seed `round_seeds(s)[r]`),
-    in one Ray session, from one model directory (built from `s.seed`). The trainer's and generation
-    workers' processes pass from run to run (`WarmWorkers`): a run's start-up is its model load, not
-    importing torch again (what each step measures is the same either way).
+    in one Ray session, from one model directory (built from `s.seed`). The trainer's, generation
+    workers' and rollout's processes pass from run to run (`WarmWorkers`): a run's start-up is its model
+    load, not importing torch again (what each step measures is the same either way).
 
     Returns, per plan entry, its runs in round order (so the k-th runs of two entries share a seed).
     """

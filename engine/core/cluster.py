@@ -197,10 +197,11 @@ class Cluster:
         """Kill the workers, or retire them into the WarmWorkers the cluster was given (a worker that cannot
         retire, or does not answer, is killed); free their pool units either way."""
         self.begin_retiring()
-        kept = [_retired(ref) for ref in self._retiring] or [False] * len(self.workers)
+        warm = self.warm
+        kept = [_retired(ref) for ref in self._retiring] if warm is not None else [False] * len(self.workers)
         for w, keep in zip(self.workers, kept, strict=True):
-            if keep and self.warm is not None:
-                self.warm.give(w.warm_key, w.actor)
+            if keep and warm is not None:
+                warm.give(w.warm_key, w.actor)
             else:
                 ray.kill(w.actor, no_restart=True)
             self.rm.release(w.binding)
