@@ -63,7 +63,8 @@ SCORE_BATCH = 128  # held-out questions answered at once when scoring (the quick
 STEP_CAP = 3  # a run with a wall-time budget takes at most this many times --steps
 # Each step's record in a curve: where its time went, and what it trained on (the training reward, how
 # many versions late its samples were, and how much their importance weights kept of them), so a mode that
-# learns less per step shows why.
+# learns less per step shows why. Each record also carries the run's selection bias so far
+# (engine/rollout/selection.py: trained against started mean turns, tokens and success).
 PER_STEP = (
     "step_s",
     "wait_batch_s",
@@ -210,8 +211,10 @@ async def _drive(
     t0 = time.perf_counter()
     for step in range(1, max_steps + 1):  # should_stop ends it at max_steps at the latest
         m = await proto.step()
-        phases.append({k: m.get(k) for k in PER_STEP})
-        tokens += (await exp.rollout.stats.remote())["tokens"]
+        stats = await exp.rollout.stats.remote()
+        # with the selection bias so far: trained against started turns, tokens and success
+        phases.append({**{k: m.get(k) for k in PER_STEP}, **stats["bias"]})
+        tokens += stats["tokens"]
         clock = time.perf_counter() - t0  # the weights scored are those of this moment
         print(f"  {checkpoints.name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
         stop = should_stop(step, clock, max_steps, budget_s)
