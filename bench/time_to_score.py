@@ -7,7 +7,8 @@ reasoning-gym arithmetic, held-out questions disjoint by text) from the same wei
 system (`Experiment` + `IterationProtocol`, as `rollart train` drives it), and saves the weights every
 `eval_every` steps. The clock runs from the first step's start to the last step's end, saves included
 (as often in every mode). Checkpoints are scored offline after each run on the same held-out questions by
-a greedy HF engine in this process (then deleted): scoring costs no run time, every mode is scored alike.
+one greedy vLLM engine in this process that loads each checkpoint's weights (then deleted): scoring costs
+no run time, every mode is scored alike.
 
 - Every mode of a seed trains for the same wall time: the time its `sync+` run took for `--steps` steps
   (sync+ runs first), taking the steps that fit, up to `STEP_CAP` × `--steps`; `--fixed-steps` gives every
