@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench import report
 from bench.async_runs import LatencyEnvs
+from bench.checkpoint_scores import held_out_scores
 from bench.time_to_score_rows import (
     TARGET_SHARE,
     auto_target,
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("plain", "waiting")
 LAYOUTS = ("shared", "split")
-SCORE_BATCH = 128  # held-out questions answered at once when scoring (the quickstart holds out ~145)
 STEP_CAP = 3  # a run with a wall-time budget takes at most this many times --steps
 # Each step's record in a curve: where its time went, and what it trained on (the training reward, how
 # many versions late its samples were, and how much their importance weights kept of them), so a mode that
@@ -279,39 +278,6 @@ def _train(
     }
 
 
-async def _score(paths: list[str], s: Settings) -> dict[str, float]:
-    """Held-out exact success of each weights directory, greedy, by one vLLM engine that loads each
-    directory's weights in place as a generation worker takes a new version (fp32 greedy vLLM answers as
-    HF does, token for token: tests/integration/engine/backends/test_vllm.py; ~2.5x faster here)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from engine.actor_args import task_specs
-    from engine.backends import make_backend
-    from engine.config import load_config
-    from engine.evaluate import evaluate
-    from engine.rollout.chat import ChatFormat
-
-    cfg = load_config(Path(s.config), [*s.overrides, f"tasks.0.eval_problems={s.eval_problems}"])
-    [spec] = task_specs(cfg)
-    torch.set_num_threads(os.cpu_count() or 1)  # before the engine: vLLM pins the count it finds
-    engine = make_backend(
-        "vllm", model_dir=paths[0], max_batch=SCORE_BATCH, max_model_len=cfg.model.max_context
-    )
-    chat = ChatFormat(AutoTokenizer.from_pretrained(paths[0]))
-    out = {}
-    try:
-        for version, path in enumerate(paths, start=1):
-            weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-            engine.load_weights(weights.items(), version)  # state_dict: a tied head is named too
-            [res] = (await evaluate([spec], chat, engine, concurrency=SCORE_BATCH)).values()
-            out[path] = float(res["success"])
-            print(f"scored {Path(path).parent.name}/{Path(path).name}: {out[path]:.3f}", flush=True)
-    finally:
-        await engine.close()
-    return out
-
-
 def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """rollart α=1's time to the target, sync+'s median / its, per setting and layout (paper: 2.05×)."""
     ours = [o for o in payload["summary"] if (o["mode"], o["alpha"]) == ("rollart", 1)]
@@ -361,7 +327,7 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
                     model_dir = r.pop("model_dir")
                     paths = [p.pop("path") for p in r["points"]]
                     # every run starts from the model's weights: scored once, with the first run
-                    scores = asyncio.run(_score([model_dir] * (before is None) + paths, s))
+                    scores = asyncio.run(held_out_scores([model_dir] * (before is None) + paths, s))
                     before = scores[model_dir] if before is None else before
                     for p, path in zip(r["points"], paths, strict=True):
                         p["success"] = scores[path]
