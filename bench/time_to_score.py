@@ -212,7 +212,6 @@ async def _drive(
     for step in range(1, max_steps + 1):  # should_stop ends it at max_steps at the latest
         m = await proto.step()
         stats = await exp.rollout.stats.remote()
-        # with the selection bias so far: trained against started turns, tokens and success
         phases.append({**{k: m.get(k) for k in PER_STEP}, **stats["bias"]})
         tokens += stats["tokens"]
         clock = time.perf_counter() - t0  # the weights scored are those of this moment
