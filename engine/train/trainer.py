@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from engine.precision import Precision, resolve_dtype
 from engine.train.batch import TrainBatch, token_logprobs
 from engine.train.grpo import LossAgg, policy_loss
+from engine.train.packed import decode
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin
@@ -297,7 +297,7 @@ class TorchTrainer:
         plain = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
         if plain or head is None or decoder is None or decoder is model:
             return self._logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-        hidden = _decoded(decoder, ids, attn)
+        hidden = decode(decoder, ids, attn)
         sel = mask[:, 1:] > 0  # token t is read from the logits at position t - 1
         logp = torch.log_softmax(head(hidden[:, :-1][sel]).float() / self.config.temperature, dim=-1)
         picked = logp.gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
@@ -343,31 +343,6 @@ class TorchTrainer:
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
         )
         return out[0, len(prompt_ids) :].tolist()
-
-
-def _decoded(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
-    """The decoder's last hidden states `(B, T, D)` over right-padded `ids`, the common prefix run once.
-
-    The rows of a micro-batch are usually one GRPO group: the same prompt (most of each row's tokens in
-    short-answer tasks) with different replies. Causal attention makes the prefix's hidden states equal
-    in every row, so the prefix is decoded once and each row's remainder attends to its keys and values,
-    repeated across the batch; gradients flow back through them into the one prefix pass. Every row keeps
-    at least one token after the prefix. Models whose cache is not a plain growing one (sliding windows,
-    recurrent state) take the ordinary batch forward.
-    """
-    rows = ids.shape[0]
-    shortest = int(attn.sum(dim=1).min())
-    same = (ids[:, : shortest - 1] == ids[:1, : shortest - 1]).all(dim=0)
-    prefix = int(same.long().cumprod(dim=0).sum())
-    if rows < 2 or prefix < 2:
-        return decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-    head = decoder(input_ids=ids[:1, :prefix], attention_mask=attn[:1, :prefix], use_cache=True)
-    cache = head.past_key_values
-    if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-    cache.batch_repeat_interleave(rows)
-    tail = decoder(input_ids=ids[:, prefix:], attention_mask=attn, past_key_values=cache).last_hidden_state
-    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail], dim=1)
 
 
 def _load(source: ModelSource, device: torch.device) -> CausalLM:

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.train.batch import TrainBatch, build_train_batch, token_logprobs
-from engine.train.trainer import TorchTrainer, TrainerConfig, _decoded
+from engine.train.trainer import TorchTrainer, TrainerConfig
 from engine.types import Group
 
 PROMPT = [1, 2, 3]
@@ -237,65 +237,6 @@ def test_scoring_action_tokens_only_equals_scoring_every_position(
     assert torch.allclose(entropy[on], full_entropy[on], atol=1e-5)
     assert not logprobs[~on].any() and not entropy[~on].any()
     assert torch.allclose(logprobs[on], batch.behavior_logprobs[on], atol=1e-5)  # the engine's own numbers
-
-
-def test_a_shared_prompt_is_decoded_once_with_the_same_states_and_gradients(
-    model: PreTrainedModel,
-) -> None:
-    """Rows that share a prefix (a GRPO group's prompt) decode it once; nothing a loss sees changes."""
-    decoder = model.get_decoder()
-    torch.manual_seed(1)
-    ids = torch.randint(3, 60, (5, 20))
-    ids[:, :9] = ids[0, :9]  # a 9-token prompt, then five different replies of different lengths
-    attn = torch.ones_like(ids)
-    attn[1, 14:] = 0
-    attn[3, 11:] = 0
-    ids[attn == 0] = 0
-    weights = torch.randn(5, 20, model.config.hidden_size) * attn[..., None]
-    calls: list[tuple[int, ...]] = []
-    hook = decoder.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
-
-    def states_and_grads(decode: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        hidden = decode()
-        (hidden * weights).sum().backward()
-        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    shared, shared_grads = states_and_grads(lambda: _decoded(decoder, ids, attn))
-    assert calls == [(1, 9), (5, 11)]  # the prompt once, then every row's remainder against its cache
-    hook.remove()
-    plain, plain_grads = states_and_grads(
-        lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-    )
-    on = attn.bool()
-    assert torch.allclose(shared[on], plain[on], atol=1e-5)
-    assert shared_grads.keys() == plain_grads.keys()
-    for name, grad in plain_grads.items():
-        assert torch.allclose(shared_grads[name], grad, atol=1e-5, rtol=1e-4), name
-
-
-@torch.no_grad()
-def test_rows_without_a_common_prefix_or_with_nothing_after_it_take_the_plain_forward(
-    model: PreTrainedModel,
-) -> None:
-    decoder = model.get_decoder()
-    calls: list[tuple[int, ...]] = []
-    decoder.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
-    different = torch.tensor([[5, 6, 7, 8], [9, 6, 7, 8]])
-    _decoded(decoder, different, torch.ones_like(different))
-    one_row = torch.tensor([[5, 6, 7, 8]])
-    _decoded(decoder, one_row, torch.ones_like(one_row))
-    assert calls == [(2, 4), (1, 4)]
-    calls.clear()
-    # identical rows: the prefix stops one token short of the shortest row, which keeps a token to decode
-    same = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
-    hidden = _decoded(decoder, same, torch.ones_like(same))
-    assert calls == [(1, 3), (2, 1)]
-    assert torch.allclose(hidden, decoder(input_ids=same).last_hidden_state, atol=1e-5)
 
 
 def test_bfloat16_autocasts_the_forward_and_keeps_float32_weights_and_optimiser_state(

@@ -1,0 +1,95 @@
+"""engine.train.packed: the shared prompt decoded once and the replies packed, with the batch forward's
+states and gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from engine.train.packed import decode
+
+
+def _shapes(decoder: torch.nn.Module) -> list[tuple[int, ...]]:
+    """The `input_ids` shape of every later call of `decoder`."""
+    calls: list[tuple[int, ...]] = []
+    decoder.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    return calls
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_shared_prompt_is_decoded_once_and_the_replies_packed_with_the_same_states_and_gradients(
+    tiny_model: Callable[..., PreTrainedModel], attention: str
+) -> None:
+    """Rows that share a prefix (a GRPO group's prompt) decode it once and their replies without padding;
+    nothing a loss sees changes."""
+    model = tiny_model(seed=0)
+    model.set_attn_implementation(attention)
+    decoder = model.get_decoder()
+    torch.manual_seed(1)
+    ids = torch.randint(3, 60, (5, 20))
+    ids[:, :9] = ids[0, :9]  # a 9-token prompt, then five different replies of different lengths
+    attn = torch.ones_like(ids)
+    attn[1, 14:] = 0
+    attn[3, 11:] = 0
+    ids[attn == 0] = 0
+    weights = torch.randn(5, 20, model.config.hidden_size) * attn[..., None]
+
+    def states_and_grads(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        hidden = run()
+        (hidden * weights).sum().backward()
+        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    calls = _shapes(decoder)
+    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn))
+    # one sequence: the prompt once, then the 11 + 5 + 11 + 2 + 11 tokens after it, and no padding
+    assert calls == [(1, 9 + 40)]
+    plain, plain_grads = states_and_grads(
+        lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    )
+    on = attn.bool()
+    assert torch.allclose(packed[on], plain[on], atol=1e-5)
+    assert packed_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.allclose(packed_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+@torch.no_grad()
+def test_rows_share_only_what_the_row_above_has_and_one_row_takes_the_plain_forward(
+    tiny_model: Callable[..., PreTrainedModel],
+) -> None:
+    decoder = tiny_model(seed=0).get_decoder()
+    calls = _shapes(decoder)
+    # two groups' prompts (rows 0-1 and 2-4); row 2 equals row 1 after its first token: it shares nothing
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 9], [4, 6, 9, 9], [4, 6, 9, 9], [4, 6, 9, 2]])
+    attn = torch.ones_like(ids)
+    attn[1, 3] = 0
+    hidden = decode(decoder, ids, attn)
+    assert calls == [(1, 4 + 1 + 4 + 0 + 1)]  # an identical row adds nothing
+    plain = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    on = attn.bool()
+    assert torch.allclose(hidden[on], plain[on], atol=1e-5)
+    calls.clear()
+    one_row = torch.tensor([[5, 6, 7, 8]])
+    decode(decoder, one_row, torch.ones_like(one_row))
+    assert calls == [(1, 4)]
+
+
+@torch.no_grad()
+def test_an_attention_that_takes_no_ready_mask_gets_the_plain_forward(
+    tiny_model: Callable[..., PreTrainedModel],
+) -> None:
+    model = tiny_model(seed=0)
+    model.set_attn_implementation("flex_attention")  # its masks are block masks that HF builds itself
+    decoder = model.get_decoder()
+    calls = _shapes(decoder)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9]])
+    hidden = decode(decoder, ids, torch.ones_like(ids))
+    assert calls == [(2, 4)]
+    model.set_attn_implementation("sdpa")
+    assert torch.allclose(hidden, decoder(input_ids=ids).last_hidden_state, atol=1e-5)
