@@ -93,3 +93,21 @@ def test_an_attention_that_takes_no_ready_mask_gets_the_plain_forward(
     assert calls == [(2, 4)]
     model.set_attn_implementation("sdpa")
     assert torch.allclose(hidden, decoder(input_ids=ids).last_hidden_state, atol=1e-5)
+
+
+@torch.no_grad()
+def test_rows_that_packing_would_make_more_work_take_the_plain_forward(
+    tiny_model: Callable[..., PreTrainedModel],
+) -> None:
+    """Packing scores every pair of its one sequence. Two unrelated 120-token rows of a model with 18,720
+    weights outside its embedding share nothing and pack into 240 tokens whose 57,600 pairs cost more than
+    the 28,800 of the rows apart; two rows sharing a 100-token prompt pack into 140 tokens, less work."""
+    decoder = tiny_model(seed=0).get_decoder()
+    calls = _shapes(decoder)
+    torch.manual_seed(2)
+    ids = torch.randint(3, 60, (2, 120))
+    ids[1, 0] = ids[0, 0] + 1  # nothing shared
+    decode(decoder, ids, torch.ones_like(ids))
+    ids[1, :100] = ids[0, :100]
+    decode(decoder, ids, torch.ones_like(ids))
+    assert calls == [(2, 120), (1, 140)]
