@@ -29,12 +29,11 @@ def decode(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
     States at padding positions are unspecified (they carry no loss). Models whose attention is not plain
     causal self-attention over every earlier token (sliding windows, recurrent state) or takes no ready
     mask get the ordinary batch forward, and so does a micro-batch that packing would make more work
-    (`_work`).
+    (`_packing_pays`).
     """
     if ids.shape[0] > 1 and _packable(decoder):
         where, rows, positions = _layout(ids, attn)
-        batch_pairs = ids.shape[0] * ids.shape[1] ** 2
-        if _work(decoder, len(rows), len(rows) ** 2) <= _work(decoder, ids.numel(), batch_pairs):
+        if _packing_pays(decoder, len(rows), ids.shape):
             states = decoder(
                 input_ids=ids[rows, positions][None],
                 position_ids=positions[None],
@@ -55,17 +54,19 @@ def _packable(decoder: PreTrainedModel) -> bool:
     )
 
 
-def _work(decoder: PreTrainedModel, tokens: int, pairs: int) -> float:
-    """Multiply-adds of a forward over `tokens` tokens whose attention scores `pairs` (query, key) pairs:
-    the layers' weights once per token, and per pair a score and a weighted value in every layer's heads.
-    Packing saves tokens but scores every pair of its one long sequence, so with a small model and long
-    rows (a multi-turn episode of hundreds of tokens) the padded batch can be the cheaper one."""
+def _packing_pays(decoder: PreTrainedModel, packed: int, shape: torch.Size) -> bool:
+    """Whether one sequence of `packed` tokens is no more multiply-adds than the padded `(B, T)` batch:
+    the layers' weights once per token, and per (query, key) pair a score and a weighted value in every
+    layer's heads. Packing saves tokens but scores every pair of its one long sequence, so with a small
+    model and long rows (a multi-turn episode of hundreds of tokens) the padded batch can be the cheaper."""
     lookup = decoder.get_input_embeddings()  # a table lookup, not a product per token
     weights = sum(p.numel() for p in decoder.parameters()) - sum(p.numel() for p in lookup.parameters())
     config = decoder.config
     heads = config.num_attention_heads
-    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return tokens * weights + pairs * 2 * width * config.num_hidden_layers
+    per_pair = 2 * heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    per_pair *= config.num_hidden_layers
+    rows, width = shape
+    return packed * weights + packed**2 * per_pair <= rows * width * weights + rows * width**2 * per_pair
 
 
 def _layout(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor, Tensor]:
