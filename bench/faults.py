@@ -17,17 +17,16 @@ exits) on its `KILL_AFTER`-th request in every run, and Ray restarts it. Redunda
 members per group.
 
 Statistics: every (redundancy, rate) runs once per seed (`--rounds` seeds, 5 in the full run, 3 with
-`--quick`: fewer steps and groups per step, the same G, turns and faults), seed by seed with the
-configurations rotated each seed (`bench.async_runs.run_order`); a seed sets the fault draws, the env
-latencies and the sampling. A row is one configuration over its seeds: the requirements as totals over
-its runs (steps_done, steps_asked, lost, partial_groups_trained), the step time as the median of the
-runs' mean step times with a percentile-bootstrap 95% interval (`ci_low`/`ci_high`), the other counts as
-medians per run. Columns: lost = members started that never ended with a counted status;
-partial_groups_trained = groups handed to the trainer with fewer than G scored members; retries =
-members refilled + generation requests retried + reward retries; dropped = failed members (each counted
-with its reason: env crash, env timeout); gen_requests_failed = requests gen-0 held when it died (each
-retried on gen-1); groups_dropped_stale = groups the staleness bound (rollart, α = 1) discarded, not a
-fault.
+`--quick`: fewer steps and groups per step, only the lowest and highest failure rate, the same G, turns and
+faults), seed by seed with the configurations rotated each seed (`bench.async_runs.run_order`); a seed sets
+the fault draws, the env latencies and the sampling. A row is one configuration over its seeds: the
+requirements as totals over its runs (steps_done, steps_asked, lost, partial_groups_trained), the step time as
+the median of the runs' mean step times with a percentile-bootstrap 95% interval (`ci_low`/`ci_high`), the
+other counts as medians per run. Columns: lost = members started that never ended with a counted status;
+partial_groups_trained = groups handed to the trainer with fewer than G scored members; retries = members
+refilled + generation requests retried + reward retries; dropped = failed members (each counted with its
+reason: env crash, env timeout); gen_requests_failed = requests gen-0 held when it died (each retried on
+gen-1); groups_dropped_stale = groups the staleness bound (rollart, α = 1) discarded, not a fault.
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ class Settings:
 
 
 FULL = Settings()
-QUICK = replace(FULL, steps=4, batch_groups=2, concurrency=16, rounds=3)  # fewer steps, groups, seeds
+QUICK = replace(FULL, steps=4, batch_groups=2, concurrency=16, rounds=3, rates=(RATES[0], RATES[-1]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -199,6 +199,13 @@ def steady_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
+def measured_gc() -> contextlib.AbstractContextManager[None]:
+    """`steady_gc` on the wall clock; nothing under the simulated clock (`bench.clock`), where a collector's
+    pause costs no time and `steady_gc`'s own full collection would only cost the run's CPU."""
+    simulated = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
+    return contextlib.nullcontext() if simulated else steady_gc()
+
+
 async def rollout_step(
     workloads: Sequence[Workload],
     slots: Sequence[GenSlot],
@@ -228,9 +235,7 @@ async def rollout_step(
         seed=seed,
     )
     buffer, scheduler = build_rollout(spec, chat_format(), proxy, factory, reward)
-    loop = asyncio.get_running_loop()
-    simulated = isinstance(loop, VirtualClockLoop)  # pauses cost no simulated time: leave the gc alone
-    with contextlib.nullcontext() if simulated else steady_gc():
+    with measured_gc():
         _, elapsed = await run_to_batch(scheduler, buffer, groups, timeout_s, "rollout step")
     timings = proxy.stats.timings
     mean_gen = sum(t.get("modelled_s", 0.0) for t in timings) / max(len(timings), 1)

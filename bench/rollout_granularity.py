@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from bench import report
 from bench.clock import run as run_loop
-from bench.harness import add_clock_arguments, clock_note, clock_unit_s, min_sleep_s, run_to_batch, steady_gc
+from bench.harness import (
+    add_clock_arguments,
+    clock_note,
+    clock_unit_s,
+    measured_gc,
+    min_sleep_s,
+    run_to_batch,
+)
 from engine.envs.base import Env, EnvStep
 
 if TYPE_CHECKING:
@@ -200,7 +207,7 @@ async def rollout_step(
     )
     buffer, scheduler = build_rollout(spec, chat, proxy, factory)
     what = f"{granularity} rollout (T={turns}, σ={sigma})"
-    with steady_gc():
+    with measured_gc():
         try:
             batch, elapsed = await run_to_batch(scheduler, buffer, groups, timeout_s, what)
         finally:

@@ -1,0 +1,95 @@
+"""`rollart bench all` runs the simulated-clock benchmarks side by side, each in its own process with its
+output in DIR/NAME.log, then the wall-clock ones in this process, one at a time; the report keeps the
+registry's order whichever ran first."""
+
+import argparse
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import bench
+from bench import all as bench_all
+
+# A benchmark module as a file (a spawned process imports it by name): it records where and when it ran.
+BENCH = textwrap.dedent(
+    """
+    import os, sys, time
+    from dataclasses import dataclass
+
+    from bench.report import write_json
+
+    @dataclass(frozen=True)
+    class Settings:
+        clock: str = "{clock}"
+
+    FULL = Settings()
+
+    def add_arguments(p):
+        pass
+
+    def run(args):
+        t0 = time.time()
+        print("{name} says hello")
+        print("{name} warns", file=sys.stderr)
+        if {fail}:
+            raise RuntimeError("{name} broke")
+        time.sleep({sleep_s})  # a run's length: two side by side overlap
+        payload = {{"clock": FULL.clock, "seeds": [0], "rows": [{{"pid": os.getpid(), "quick": args.quick}}],
+                   "start": t0, "end": time.time()}}
+        write_json(args.json, payload)
+        return payload
+    """
+)
+
+
+def _module(root: Path, name: str, clock: str, fail: bool = False, sleep_s: float = 0.0) -> str:
+    (root / f"{name}.py").write_text(BENCH.format(name=name, clock=clock, fail=fail, sleep_s=sleep_s))
+    return name
+
+
+def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, monkeypatch) -> None:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    monkeypatch.syspath_prepend(str(mods))
+    names = {
+        "wall_a": _module(mods, "fake_wall_a", "wall"),
+        "sim_a": _module(mods, "fake_sim_a", "virtual", sleep_s=1.0),
+        "sim_bad": _module(mods, "fake_sim_bad", "virtual", fail=True),
+        "sim_b": _module(mods, "fake_sim_b", "virtual", sleep_s=1.0),
+        "all": "bench.all",
+    }
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
+    out = tmp_path / "report"
+    t0 = time.time()
+    summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(out), skip=""))
+
+    results = summary["results"]
+    assert list(results) == ["wall_a", "sim_a", "sim_bad", "sim_b"]  # the registry's order
+    assert (
+        summary["failed"] == ["sim_bad"] and "RuntimeError: fake_sim_bad broke" in results["sim_bad"]["error"]
+    )
+    pids = {n: results[n]["payload"]["rows"][0]["pid"] for n in ("wall_a", "sim_a", "sim_b")}
+    assert pids["wall_a"] == os.getpid()  # wall clock: here, alone
+    assert len({pids["sim_a"], pids["sim_b"], os.getpid()}) == 3  # each simulated one: a fresh process
+    a, b = results["sim_a"]["payload"], results["sim_b"]["payload"]
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])  # they overlapped
+    assert results["wall_a"]["payload"]["start"] > max(a["end"], b["end"])  # the wall clock one ran after
+    assert t0 < a["start"] and results["sim_a"]["seconds"] >= 1.0
+    assert json.loads((out / "sim_a.json").read_text())["rows"][0]["quick"] is True
+    for n in ("sim_a", "sim_bad"):  # a simulated one's stdout and stderr are in its log, failed or not
+        log = (out / f"{n}.log").read_text()
+        assert f"fake_{n} says hello" in log and f"fake_{n} warns" in log
+    assert not (out / "wall_a.log").exists()
+    report = (out / "report.md").read_text()
+    assert report.index("## wall_a") < report.index("## sim_a") < report.index("## sim_b")
+
+
+@pytest.mark.parametrize(("module", "clock"), [("bench.pd", "virtual"), ("bench.faults", "wall")])
+def test_clock_of_a_registered_benchmark(module: str, clock: str) -> None:
+    import importlib
+
+    assert bench_all.clock_of(importlib.import_module(module)) == clock
