@@ -232,14 +232,17 @@ def _alpha_sweep() -> Case:
 def _time_to_score() -> Case:
     from bench.time_to_score_rows import summarize
 
-    def run(mode: str, alpha: int, seed: int, t: float) -> dict:
+    def run(mode: str, alpha: int, seed: int, t: float, step_s: float) -> dict:
         where = {"setting": "waiting", "layout": "split", "mode": mode, "alpha": alpha, "seed": seed}
-        return where | {"time_to_target_s": t, "reached": True}
+        return where | {"time_to_target_s": t, "reached": True, "steps_to_target": 4, "step_s": step_s}
 
-    rows = [run("sync+", 0, s, t) for s, t in enumerate((100.0, 120.0, 110.0))]
-    rows += [run("rollart", 1, s, t) for s, t in enumerate((50.0, 60.0, 55.0))]
-    rows += [run("rollart", 2, s, t) for s, t in enumerate((40.0, 45.0, 44.0))]
-    return {"rows": rows, "summary": summarize(rows)}, [(110.0 / 55.0, None, None, 2.05, None)]
+    rows = [run("sync+", 0, s, t, 25.0) for s, t in enumerate((100.0, 120.0, 110.0))]
+    rows += [run("rollart", 1, s, t, 16.0) for s, t in enumerate((50.0, 60.0, 55.0))]
+    rows += [run("rollart", 2, s, t, 12.0) for s, t in enumerate((40.0, 45.0, 44.0))]
+    return {"rows": rows, "summary": summarize(rows)}, [
+        (110.0 / 55.0, None, None, 2.05, None),
+        (25.0 / 16.0, None, None, None, None),
+    ]
 
 
 def _weight_sync() -> Case:

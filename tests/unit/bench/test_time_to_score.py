@@ -8,10 +8,17 @@ from bench import time_to_score_rows as tsr
 
 
 def run(
-    mode: str, alpha: int, seed: int, successes: list[float], setting: str = "waiting", layout: str = "split"
+    mode: str,
+    alpha: int,
+    seed: int,
+    successes: list[float],
+    setting: str = "waiting",
+    layout: str = "split",
+    step_s: float = 5.0,
 ) -> dict:
+    """A run with a checkpoint every 2 steps of `step_s` seconds each, scored `successes`."""
     points = [
-        {"step": 2 * (i + 1), "train_wall_s": 10.0 * (i + 1), "tokens": 100 * (i + 1), "success": s}
+        {"step": 2 * (i + 1), "train_wall_s": 2 * step_s * (i + 1), "tokens": 100 * (i + 1), "success": s}
         for i, s in enumerate(successes)
     ]
     return {
@@ -36,12 +43,15 @@ def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
         "time_to_target_s": 20.0,
         "tokens_to_target": 200,
         "reached": True,
+        "steps_to_target": 4,
         "steps": 8,
+        "step_s": 5.0,
         "budget_s": None,
         "final_success": 0.6,
     }
     missed = tsr.time_to_target(run("areal", 2, 1, [0.1, 0.2]), target=0.45)
     assert not missed["reached"] and missed["time_to_target_s"] is None and missed["tokens_to_target"] is None
+    assert missed["steps_to_target"] is None
 
 
 def test_auto_target_is_a_share_of_sync_plus_median_final_success():
@@ -79,7 +89,10 @@ def test_summary_gives_the_median_and_range_counting_a_miss_as_never():
         "ci_high": 30.0,
         "min_s": 20.0,
         "max_s": 30.0,
+        "steps_to_target": 6,  # the median of 6, 4, 6
+        "step_s": 5.0,
         "speedup_vs_sync_plus": 1.0,
+        "step_speedup_vs_sync_plus": 1.0,
     }
     assert by_mode["rollart"]["median_s"] == 10.0 and by_mode["rollart"]["speedup_vs_sync_plus"] == 3.0
     # 2 of 3 got there (10 s, 20 s; one never): the median is the slower of the two, its interval open above
@@ -90,6 +103,30 @@ def test_summary_gives_the_median_and_range_counting_a_miss_as_never():
     # half got there: the median (between 10 s and never) is never, so none is claimed
     assert by_mode["areal"]["reached"] == "1/2" and by_mode["areal"]["median_s"] is None
     assert by_mode["areal"]["ci_high"] is None and by_mode["areal"]["speedup_vs_sync_plus"] is None
+
+
+def test_the_summary_splits_a_speedup_into_step_time_and_steps_to_the_target():
+    # rollart steps twice as fast but needs twice the steps on two of three seeds: 1.0x, not 2.0x, sooner
+    rows = [
+        tsr.time_to_target(run("sync+", 0, s, succ, step_s=10.0), 0.5)
+        for s, succ in enumerate([[0.1, 0.5], [0.5], [0.2, 0.5]])
+    ]  # 4, 2, 4 steps: 40, 20, 40 s
+    rows += [
+        tsr.time_to_target(run("rollart", 1, s, succ, step_s=5.0), 0.5)
+        for s, succ in enumerate([[0.1, 0.2, 0.3, 0.5], [0.1, 0.5], [0.1, 0.2, 0.3, 0.6]])
+    ]  # 8, 4, 8 steps: 40, 20, 40 s
+    by_mode = {o["mode"]: o for o in tsr.summarize(rows)}
+    rollart, sync_plus = by_mode["rollart"], by_mode["sync+"]
+    assert (sync_plus["steps_to_target"], sync_plus["step_s"]) == (4, 10.0)
+    assert (rollart["steps_to_target"], rollart["step_s"]) == (8, 5.0)
+    assert rollart["step_speedup_vs_sync_plus"] == 2.0 and rollart["speedup_vs_sync_plus"] == 1.0
+    printed = {r["mode"]: r for r in tsr.table(tsr.summarize(rows))}["rollart"]
+    assert (printed["steps"], printed["step s"], printed["step ×sync+"], printed["×sync+"]) == (
+        "8",
+        "5.0",
+        "2.00",
+        "1.00",
+    )
 
 
 def test_speedup_is_over_sync_plus_in_the_same_setting_and_layout():
