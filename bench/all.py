@@ -164,7 +164,10 @@ def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, 
         with ProcessPoolExecutor(SIMULATED_AT_ONCE, mp_context=context, max_tasks_per_child=1) as pool:
             futures = {n: pool.submit(_run_logged, n, names[n], quick, out) for n in simulated}
             for n, future in futures.items():
-                results[n] = r = future.result()
+                try:
+                    results[n] = r = future.result()
+                except Exception:  # its process died (and with it the pool: those after it fail alike)
+                    results[n] = r = {"error": traceback.format_exc(limit=3), "seconds": 0.0}
                 print(f"{n}: {'failed' if 'error' in r else 'done'} in {r['seconds']:.0f} s", flush=True)
     for n in names:
         if n not in results:

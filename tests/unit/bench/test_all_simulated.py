@@ -88,6 +88,24 @@ def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, 
     assert report.index("## wall_a") < report.index("## sim_a") < report.index("## sim_b")
 
 
+def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock_ones_still_run(
+    tmp_path, monkeypatch
+) -> None:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    monkeypatch.syspath_prepend(str(mods))
+    (mods / "fake_sim_dies.py").write_text(
+        BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, sleep_s=0.0).replace(
+            "    t0 = time.time()", "    os._exit(3)"
+        )
+    )
+    names = {"dies": "fake_sim_dies", "wall_a": _module(mods, "fake_wall_a", "wall"), "all": "bench.all"}
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
+    summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(tmp_path / "r"), skip=""))
+    assert summary["failed"] == ["dies"] and "BrokenProcessPool" in summary["results"]["dies"]["error"]
+    assert summary["results"]["wall_a"]["payload"]["rows"][0]["pid"] == os.getpid()
+
+
 @pytest.mark.parametrize(("module", "clock"), [("bench.pd", "virtual"), ("bench.faults", "wall")])
 def test_clock_of_a_registered_benchmark(module: str, clock: str) -> None:
     import importlib
