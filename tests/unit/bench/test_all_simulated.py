@@ -15,10 +15,13 @@ import bench
 from bench import all as bench_all
 
 # A benchmark module as a file (a spawned process imports it by name): it records where and when it ran.
+# Given `meet`, it waits for that benchmark to have started too: two that run one after the other never meet,
+# and the first one fails after a minute, however fast or slow the machine is.
 BENCH = textwrap.dedent(
     """
     import os, sys, time
     from dataclasses import dataclass
+    from pathlib import Path
 
     from bench.report import write_json
 
@@ -37,7 +40,12 @@ BENCH = textwrap.dedent(
         print("{name} warns", file=sys.stderr)
         if {fail}:
             raise RuntimeError("{name} broke")
-        time.sleep({sleep_s})  # a run's length: two side by side overlap
+        Path(__file__).with_name("started-{name}").touch()
+        deadline = time.time() + 60
+        while "{meet}" and not Path(__file__).with_name("started-{meet}").exists():
+            if time.time() > deadline:
+                raise RuntimeError("{name} never ran beside {meet}")
+            time.sleep(0.05)
         payload = {{"clock": FULL.clock, "seeds": [0], "rows": [{{"pid": os.getpid(), "quick": args.quick}}],
                    "start": t0, "end": time.time()}}
         write_json(args.json, payload)
@@ -46,8 +54,8 @@ BENCH = textwrap.dedent(
 )
 
 
-def _module(root: Path, name: str, clock: str, fail: bool = False, sleep_s: float = 0.0) -> str:
-    (root / f"{name}.py").write_text(BENCH.format(name=name, clock=clock, fail=fail, sleep_s=sleep_s))
+def _module(root: Path, name: str, clock: str, fail: bool = False, meet: str = "") -> str:
+    (root / f"{name}.py").write_text(BENCH.format(name=name, clock=clock, fail=fail, meet=meet))
     return name
 
 
@@ -57,9 +65,9 @@ def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, 
     monkeypatch.syspath_prepend(str(mods))
     names = {
         "wall_a": _module(mods, "fake_wall_a", "wall"),
-        "sim_a": _module(mods, "fake_sim_a", "virtual", sleep_s=1.0),
+        "sim_a": _module(mods, "fake_sim_a", "virtual", meet="fake_sim_b"),  # each ends only once the
+        "sim_b": _module(mods, "fake_sim_b", "virtual", meet="fake_sim_a"),  # other has started
         "sim_bad": _module(mods, "fake_sim_bad", "virtual", fail=True),
-        "sim_b": _module(mods, "fake_sim_b", "virtual", sleep_s=1.0),
         "all": "bench.all",
     }
     monkeypatch.setattr(bench, "BENCHMARKS", names)
@@ -68,7 +76,7 @@ def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, 
     summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(out), skip=""))
 
     results = summary["results"]
-    assert list(results) == ["wall_a", "sim_a", "sim_bad", "sim_b"]  # the registry's order
+    assert list(results) == ["wall_a", "sim_a", "sim_b", "sim_bad"]  # the registry's order
     assert (
         summary["failed"] == ["sim_bad"] and "RuntimeError: fake_sim_bad broke" in results["sim_bad"]["error"]
     )
@@ -76,16 +84,21 @@ def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, 
     assert pids["wall_a"] == os.getpid()  # wall clock: here, alone
     assert len({pids["sim_a"], pids["sim_b"], os.getpid()}) == 3  # each simulated one: a fresh process
     a, b = results["sim_a"]["payload"], results["sim_b"]["payload"]
-    assert max(a["start"], b["start"]) < min(a["end"], b["end"])  # they overlapped
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])  # they met: they ran at the same time
     assert results["wall_a"]["payload"]["start"] > max(a["end"], b["end"])  # the wall clock one ran after
-    assert t0 < a["start"] and results["sim_a"]["seconds"] >= 1.0
+    assert t0 < a["start"] and results["sim_a"]["seconds"] > 0
     assert json.loads((out / "sim_a.json").read_text())["rows"][0]["quick"] is True
     for n in ("sim_a", "sim_bad"):  # a simulated one's stdout and stderr are in its log, failed or not
         log = (out / f"{n}.log").read_text()
         assert f"fake_{n} says hello" in log and f"fake_{n} warns" in log
     assert not (out / "wall_a.log").exists()
     report = (out / "report.md").read_text()
-    assert report.index("## wall_a") < report.index("## sim_a") < report.index("## sim_b")
+    assert (
+        report.index("## wall_a")
+        < report.index("## sim_a")
+        < report.index("## sim_b")
+        < report.index("## sim_bad")
+    )
 
 
 def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock_ones_still_run(
@@ -95,7 +108,7 @@ def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock
     mods.mkdir()
     monkeypatch.syspath_prepend(str(mods))
     (mods / "fake_sim_dies.py").write_text(
-        BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, sleep_s=0.0).replace(
+        BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, meet="").replace(
             "    t0 = time.time()", "    os._exit(3)"
         )
     )
