@@ -290,16 +290,17 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
         root = Path(tmp)
         model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
         try:
-            seeds, warm = round_seeds(s), WarmWorkers()
-            for k, i in run_order(len(plan), s.rounds):
-                mode, alpha = plan[i]
-                r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"), warm)
-                out[i].append(r)
-                print(
-                    f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "
-                    f"s/step, {r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
-                    flush=True,
-                )
+            seeds = round_seeds(s)
+            with WarmWorkers() as warm:
+                for k, i in run_order(len(plan), s.rounds):
+                    mode, alpha = plan[i]
+                    r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"), warm)
+                    out[i].append(r)
+                    print(
+                        f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "
+                        f"s/step, {r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
+                        flush=True,
+                    )
         finally:
             ray.shutdown()
     return out

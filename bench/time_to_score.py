@@ -314,28 +314,28 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
 
     runs: list[dict[str, Any]] = []
     before: float | None = None
-    warm = WarmWorkers()
     with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp:
         try:
-            # seeds outside modes: a drift in machine load spreads over all modes
-            for setting, layout, seed in itertools.product(s.settings, s.layouts, s.seeds):
-                # sync+ first: its wall time is the budget of the seed's other modes
-                for mode, alpha in sorted(s.runs, key=lambda run: run[0] != "sync+"):
-                    budget = (
-                        None
-                        if s.fixed_steps or mode == "sync+"
-                        else budgets(runs).get((setting, layout, seed))
-                    )
-                    r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget, warm)
-                    model_dir = r.pop("model_dir")
-                    paths = [p.pop("path") for p in r["points"]]
-                    # every run starts from the model's weights: scored once, with the first run
-                    scores = asyncio.run(held_out_scores([model_dir] * (before is None) + paths, s))
-                    before = scores[model_dir] if before is None else before
-                    for p, path in zip(r["points"], paths, strict=True):
-                        p["success"] = scores[path]
-                        shutil.rmtree(path)  # ~0.5 GB each: scored, then gone
-                    runs.append(r)
+            with WarmWorkers() as warm:
+                # seeds outside modes: a drift in machine load spreads over all modes
+                for setting, layout, seed in itertools.product(s.settings, s.layouts, s.seeds):
+                    # sync+ first: its wall time is the budget of the seed's other modes
+                    for mode, alpha in sorted(s.runs, key=lambda run: run[0] != "sync+"):
+                        budget = (
+                            None
+                            if s.fixed_steps or mode == "sync+"
+                            else budgets(runs).get((setting, layout, seed))
+                        )
+                        r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget, warm)
+                        model_dir = r.pop("model_dir")
+                        paths = [p.pop("path") for p in r["points"]]
+                        # every run starts from the model's weights: scored once, with the first run
+                        scores = asyncio.run(held_out_scores([model_dir] * (before is None) + paths, s))
+                        before = scores[model_dir] if before is None else before
+                        for p, path in zip(r["points"], paths, strict=True):
+                            p["success"] = scores[path]
+                            shutil.rmtree(path)  # ~0.5 GB each: scored, then gone
+                        runs.append(r)
         finally:
             ray.shutdown()
     assert before is not None

@@ -7,8 +7,7 @@ where the `ResourceManager` binds them: trainer (`actor_train`), generation (`ac
 and die with the driver; a resumed run starts new ones and restores their state from the checkpoint.
 Runs in sequence on one Ray may share a `WarmWorkers` (engine/core/warm.py): the trainer's, the
 generation workers' and the rollout's processes then pass from one run to the next, rebuilt from each
-run's config.
-"""
+run's config, and so does the Mooncake master (engine/weights/run_store.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from engine.core.cluster import Cluster
 from engine.core.handles import wait_gone
 from engine.core.nodes import missing_pools, rendezvous
 from engine.core.resources import ResourceManager, ray_resource
-from engine.core.warm import WarmWorkers
+from engine.core.warm import WarmWorkers, retired
 from engine.envs.base import Env
 from engine.faults import FaultyTrainWorker
 from engine.protocol import Collaborators, IterationProtocol
@@ -41,9 +40,11 @@ from engine.rollout.scheduler import TaskSpec
 from engine.rollout.service import default_env_factory
 from engine.train.train_worker import TrainWorker
 from engine.train.worker_args import TrainWorkerArgs
+from engine.weights.run_store import RunWeightStore
 from infra.local_ray import init_local_ray, node_address, sigterm_kept
 from infra.metadata import MetadataStore
 
+PROXY_KEY = "llm-proxy"  # what a WarmWorkers files a retired LLMProxy under (it lives beside the driver)
 GEN_MAX_RESTARTS = 4  # Ray restarts a generation worker whose process died this often
 # The run's processes: no usage reporting, and Mooncake's glog and vLLM's INFO lines (dozens per worker)
 # stay out of the user's terminal; warnings and errors show. (Each Mooncake client advertises its own node's
@@ -67,7 +68,7 @@ class Experiment:
         self.rm = ResourceManager(cfg.resources.pools, self.store, run=self.run_id)
         self.model_dir = ""
         self.store_spec: dict[str, Any] | None = None
-        self._master: Any = None
+        self.weights: RunWeightStore | None = None  # the weight store's service (start_weight_store)
         self._ray: Any = None  # the context of the Ray this run started or joined (None: Ray was up)
         self.clusters: dict[str, Cluster] = {}
         self.proxy: Any = None
@@ -139,26 +140,12 @@ class Experiment:
         return self.model_dir
 
     def start_weight_store(self) -> dict[str, Any]:
-        kind = self.cfg.backends.weight_store
+        kind, segment = self.cfg.backends.weight_store, self.cfg.backends.weight_store_bytes
         if kind == "mooncake":
-            from infra.weightstore.mooncake_master import MooncakeMaster
-
-            os.environ.update(WORKER_ENV)
-            self._master = MooncakeMaster(host=self._host(), log_dir=self.run_dir / "mooncake")
-            self._master.start()
-            self.store_spec = {
-                "kind": "mooncake",
-                "master_addr": self._master.master_addr,
-                "metadata_url": self._master.metadata_url,
-                "segment_bytes": self.cfg.backends.weight_store_bytes or store_bytes(Path(self.model_dir)),
-                "log_dir": str(self.run_dir / "mooncake"),
-            }
-        else:
-            self.store_spec = {
-                "kind": "ray",
-                "name": f"{self.namespace}-weights",
-                "namespace": self.namespace,
-            }
+            os.environ.update(WORKER_ENV)  # the master's glog lines stay out of the terminal
+            segment = segment or store_bytes(Path(self.model_dir))
+        self.weights = RunWeightStore(kind, self._host(), self.run_dir, self.namespace, segment, self.warm)
+        self.store_spec = self.weights.start()
         return dict(self.store_spec)
 
     # -- actors ------------------------------------------------------------------------------------
@@ -294,7 +281,13 @@ class Experiment:
             "num_cpus": 0,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
         }
-        return ray.remote(LLMProxy).options(name="llm-proxy", **control).remote(slots, tag_name=tag)
+        kept = self.warm.take(PROXY_KEY) if self.warm is not None else None
+        if kept is not None:  # the last run's proxy process, rebuilt for this run
+            ray.get(kept.reinit.remote(slots, tag_name=tag))
+            return kept
+        if self.warm is None:  # named so that `teardown` returns once it is gone (kept ones live on)
+            control["name"] = "llm-proxy"
+        return ray.remote(LLMProxy).options(**control).remote(slots, tag_name=tag)
 
     def _rollout_cluster(self, env_factory: Callable[[TaskSpec], Env], score: ScoreFn) -> Cluster:
         """The environment role's actor (env loops, scheduler, sample buffer), requested (not awaited)."""
@@ -356,15 +349,8 @@ class Experiment:
         if self.rollout is not None:
             ray.get(self.rollout.stop.remote())
         self._stop_actors()
-        if self._master is not None:
-            self._master.stop()
-            self._master = None
-        if self.store_spec is not None and self.store_spec["kind"] == "ray":
-            # the key table is a detached actor: it outlives the driver and would keep every published
-            # version in the object store of a cluster that stays up
-            from infra.weightstore.ray_store import RayObjectStore
-
-            RayObjectStore(self.store_spec["name"], self.namespace).destroy()
+        if self.weights is not None:
+            self.weights.stop()
         if self.judges or self._own_serve:
             from engine.rollout.judge_endpoints import undeploy_judges
 
@@ -379,16 +365,19 @@ class Experiment:
     def _stop_actors(self) -> None:
         """Kill the proxy and every cluster's workers; free all pool units this run holds (a worker whose
         cluster was still being built when it failed holds one too). Returns once the named proxy is gone."""
-        if self.proxy is not None:
-            ray.kill(self.proxy)
+        proxy, self.proxy = self.proxy, None
+        if proxy is not None:
+            if self.warm is not None and retired(proxy.retire.remote()):
+                self.warm.give(PROXY_KEY, proxy)
+            else:
+                ray.kill(proxy)
         for c in self.clusters.values():
             c.begin_retiring()
         for c in self.clusters.values():
             c.shutdown()
         self.clusters.clear()
-        if self.proxy is not None:
+        if proxy is not None and self.warm is None:
             wait_gone(self.namespace, ["llm-proxy"])
-        self.proxy = None
         self.rm.release_all()
 
     def release_ray(self) -> None:

@@ -25,7 +25,7 @@ from engine.core.decorators import DispatchSpec, dispatch_spec
 from engine.core.handles import RankGroup
 from engine.core.resources import ResourceManager, ray_resource
 from engine.core.routing import pick
-from engine.core.warm import WarmWorkers
+from engine.core.warm import WarmWorkers, retired
 from engine.core.worker import Worker
 from infra.metadata import BindingRow
 from infra.serverless import ServerlessClient
@@ -198,7 +198,7 @@ class Cluster:
         retire, or does not answer, is killed); free their pool units either way."""
         self.begin_retiring()
         warm = self.warm
-        kept = [_retired(ref) for ref in self._retiring] if warm is not None else [False] * len(self.workers)
+        kept = [retired(ref) for ref in self._retiring] if warm is not None else [False] * len(self.workers)
         for w, keep in zip(self.workers, kept, strict=True):
             if keep and warm is not None:
                 warm.give(w.warm_key, w.actor)
@@ -243,15 +243,6 @@ class Cluster:
         self.routes[w.binding.pool] += 1
         w.calls += 1
         return [w]
-
-
-def _retired(ref: Any, timeout_s: float = 60.0) -> bool:
-    """Whether a worker's `retire()` (its result `ref`) let go of its run so the process can serve another:
-    False if it declined, died or hung."""
-    try:
-        return bool(ray.get(ref, timeout=timeout_s))
-    except (RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError):
-        return False
 
 
 class _BoundMethod:

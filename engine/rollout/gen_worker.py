@@ -27,7 +27,7 @@ from engine.core.decorators import hw_mapping
 from engine.core.worker import Role, Worker, device, latest_args, restarted
 from engine.rollout.gen_worker_args import GenerationWorkerArgs
 from engine.types import GenOutput, GenRequest
-from infra.weightstore.factory import open_store
+from infra.weightstore.factory import open_store, release_store
 
 if TYPE_CHECKING:
     from engine.backends.base import GenerationBackend
@@ -68,13 +68,14 @@ class GenerationWorker(Worker):
     async def retire(self) -> bool:
         """Reusable with an engine that is plain Python in this process (`hf`, `modelled`; vLLM's engine
         owns processes and memory of its own) and not a restarted incarnation (its constructor rejoins a
-        run): close the engine and the store client; `reinit` builds them anew from the next run's config."""
+        run): close the engine, hand the store client back (kept open for a next run on the same store);
+        `reinit` builds them anew from the next run's config."""
         if self.config["backend"]["kind"] not in REUSABLE_BACKENDS or restarted():
             return False
         await self.backend.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
-            self.prefetcher.store.close()
+            release_store(self.config["store"], self.prefetcher.store)
         del self.backend, self.prefetcher
         gc.collect()
         return True

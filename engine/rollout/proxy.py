@@ -172,6 +172,21 @@ class LLMProxy:
     def suspended(self) -> bool:
         return not self._open.is_set()
 
+    # -- reuse across runs (engine/core/warm.py) -----------------------------------------------------
+    async def retire(self, drain_s: float = 5.0) -> bool:
+        """Let go of this run's workers and counts, so the process can route another run's, once the
+        requests the stopped rollout left in flight have finished; False if they outlast `drain_s`."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_s)
+        except TimeoutError:
+            return False
+        self.workers, self._sticky = {}, OrderedDict()
+        return True
+
+    def reinit(self, *args: Any, **kwargs: Any) -> None:
+        """Become the proxy of a new run, as the constructor would build it."""
+        type(self).__init__(self, *args, **kwargs)
+
     def summary(self) -> dict[str, Any]:
         t = list(self.stats.timings)
         mean = (lambda k: sum(x.get(k, 0.0) for x in t) / len(t)) if t else (lambda k: 0.0)

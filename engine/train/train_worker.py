@@ -27,7 +27,7 @@ from engine.core.decorators import register
 from engine.core.worker import Role, Worker, device
 from engine.train.worker_args import TrainWorkerArgs
 from engine.types import Group
-from infra.weightstore.factory import open_store
+from infra.weightstore.factory import open_store, release_store
 
 if TYPE_CHECKING:
     import torch
@@ -91,12 +91,14 @@ class TrainWorker(Worker):
         self.publisher = WeightPublisher(open_store(store), conf.run_id) if store else None
 
     def retire(self) -> bool:
-        """Reusable when it is one torch process (Megatron ranks share process groups set up once): close
-        the store client, drop the model and its optimiser; `reinit` builds them for the next run."""
+        """Reusable when it is one torch process (Megatron ranks share process groups set up once): remove
+        this run's weights from the store and hand the client back (kept open for a next run on the same
+        store), drop the model and its optimiser; `reinit` builds them for the next run."""
         if self.args.training != "torch" or self.world_size > 1:
             return False
-        if self.publisher is not None:
-            self.publisher.store.close()
+        if self.publisher is not None and self.args.store is not None:
+            self.publisher.forget()
+            release_store(self.args.store, self.publisher.store)
         del self.trainer, self.publisher
         gc.collect()
         return True

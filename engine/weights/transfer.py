@@ -79,6 +79,12 @@ class WeightPublisher:
             "buckets": float(manifest.num_buckets),
         }
 
+    def forget(self) -> int:
+        """Remove every key of this run from the store (its versions and `latest`): what a store that
+        serves the next run must not keep. Returns how many keys were removed."""
+        self._versions.clear()
+        return self.store.delete_prefix(f"{self.run_id}/")
+
 
 class WeightPrefetcher:
     """Worker side: `start(v)` pulls version v on a background thread; `wait(v)` hands over the tensors.

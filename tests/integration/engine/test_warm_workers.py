@@ -1,8 +1,8 @@
 """Runs in sequence sharing a `WarmWorkers` (engine/core/warm.py) on local Ray: the next run takes the last
 run's trainer, generation and rollout processes, each rebuilt from its own config — its own initial weights
-at version 0, weights through its own Mooncake master, and after a crash Ray's restart rebuilds it as that
-run's worker too — and a run that needs another kind of worker kills the idle ones instead of waiting for
-their resources."""
+at version 0, weights under its own run id through the Mooncake master the runs share (the last run's keys
+removed), and after a crash Ray's restart rebuilds it as that run's worker too — and a run that needs
+another kind of worker kills the idle ones instead of waiting for their resources."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from engine.config import load_config
 from engine.core.warm import WarmWorkers
 from engine.experiment import Experiment
 from engine.models.tiny import init_model
+from engine.weights.transfer import latest_key
+from infra.weightstore.factory import open_store
 
 S = RunSettings(
     group_size=2, batch_groups=2, turns=2, max_tokens=4, env_ms=5, env_sigma_ms=0, warmup=0, steps=2
@@ -55,19 +57,21 @@ def test_the_next_run_takes_the_last_runs_processes_and_starts_from_its_own_stat
         with WarmWorkers() as warm:
             first = _start(experiment_data(S, "rollart", 1, last, root), warm)  # another model, another mode
             try:
-                pids = _pids(first)
+                pids, proxy = _pids(first), first.proxy
                 assert [m["trained_at_version"] for m in _steps(first, 2)] == [0, 1]
                 ended = ray.get(first.trainer.weights_sha256.remote())
             finally:
                 first.teardown()
-            assert (warm.retired, warm.idle()) == (3, 3)
+            assert (warm.retired, warm.idle()) == (4, 4)  # trainer, generation, rollout and the LLMProxy
 
             # the reused generation worker dies on its 6th request (step 1 of 2): Ray restarts it as this
             # run's worker (`latest_args`), not as the first run's, whose model, weights and store are gone
             killing = experiment_data(S, "sync+", 0, model, root) | {"faults": {"gen_kill_after_requests": 6}}
             second = _start(killing, warm)
             try:
-                assert _pids(second) == pids and warm.reused == 3 and warm.idle() == 0
+                assert _pids(second) == pids and warm.reused == 4 and warm.idle() == 0
+                assert second.proxy._actor_id == proxy._actor_id  # the same proxy, routing only this run's
+                assert ray.get(second.proxy.summary.remote())["requests"] == 0
                 gen = second.clusters["gen"].workers[0].actor
                 assert ray.get([second.trainer.version.remote(), gen.version.remote()]) == [0, 0]
                 initial = ray.get(second.trainer.weights_sha256.remote())
@@ -75,9 +79,14 @@ def test_the_next_run_takes_the_last_runs_processes_and_starts_from_its_own_stat
                 assert [m["trained_at_version"] for m in _steps(second, 2)] == [0, 1]
                 assert _pids(second)["gen"] != pids["gen"]  # it died and came back
                 assert ray.get(gen.version.remote()) == 2  # this run's weights, through this run's store
+                assert second.store_spec is not None and first.store_spec is not None
+                assert second.store_spec["master_addr"] == first.store_spec["master_addr"]  # the same master
+                with open_store(second.store_spec) as store:
+                    assert not store.exists(latest_key(first.run_id))  # the first run's trainer removed them
+                    assert store.exists(latest_key(second.run_id))
             finally:
                 second.teardown()
-            assert warm.idle() == 2  # a restarted incarnation is not reused
+            assert warm.idle() == 3  # a restarted incarnation is not reused
 
             faulty = experiment_data(S, "sync+", 0, model, root) | {"faults": {"trainer_error_at_step": 9}}
             third = _start(

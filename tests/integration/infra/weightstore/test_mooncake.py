@@ -10,6 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.weights.transfer import WeightPrefetcher, WeightPublisher, manifest_key
 from infra.weightstore import MissingKeyError, StoreFullError
+from infra.weightstore.factory import open_store, release_store
 from infra.weightstore.mooncake import MooncakeStore
 from infra.weightstore.mooncake_master import MooncakeMaster
 
@@ -122,3 +123,27 @@ def test_values_live_in_the_writers_segment_so_a_lost_reader_takes_none(master: 
     reader.close()  # its segment is unmounted: anything placed there is gone
     assert all(bytes(writer.get(f"w/v1/{i}")) == bytes([i]) * MiB for i in range(16))
     writer.close()
+
+
+def test_a_released_client_serves_the_next_run_on_the_same_master_and_only_there(
+    master: MooncakeMaster, tmp_path: Path
+) -> None:
+    """A process serving runs in sequence (engine/core/warm.py) keeps its client open for the next run on
+    the same master, after the last run's publisher removed its keys; a spec for another segment size (or
+    another master) gets a new client, and the kept one is closed (what it held goes with its segment)."""
+    spec = {"kind": "mooncake", "master_addr": master.master_addr, "metadata_url": master.metadata_url,
+            "segment_bytes": 32 * MiB, "log_dir": str(tmp_path / "a")}  # fmt: skip
+    first = open_store(spec)
+    publisher = WeightPublisher(first, "run-1")
+    publisher.publish(tiny_qwen2_state_dict(seed=1), version=1, bucket_bytes=64 * 1024)
+    first.put("run-10/latest", b"1")  # another run whose id starts with this one's
+    assert publisher.forget() >= 3 and not first.exists(manifest_key("run-1", 1))
+    assert first.exists("run-10/latest")
+    release_store(spec, first)
+
+    again = open_store(spec | {"log_dir": str(tmp_path / "b")})  # the log's place does not matter
+    assert again is first and again.exists("run-10/latest")
+    release_store(spec, again)
+    other = open_store(spec | {"segment_bytes": 16 * MiB})
+    assert other is not first and not other.exists("run-10/latest")  # closed: its segment's data went too
+    other.close()

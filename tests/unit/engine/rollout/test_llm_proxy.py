@@ -137,3 +137,27 @@ async def test_cancelled_request_is_aborted_on_its_worker():
         await t
     assert sum(e.aborted == ["gone"] for e in engines.values()) == 1
     assert all(w.outstanding == 0 for w in p.workers.values())
+
+
+async def test_a_retired_proxy_waits_for_its_last_requests_then_routes_only_the_next_runs_workers():
+    """Reuse across runs (engine/core/warm.py): `retire` declines while a request stays in flight past its
+    bound, waits for the stopped run's last ones, and `reinit` routes only the next run's workers, with
+    no count or sticky route of the last run."""
+    p, engines = proxy()
+    last = asyncio.ensure_future(p.generate(req("a", traj="t1")))
+    await settled()
+    assert await p.retire(drain_s=0) is False  # still in flight
+    retiring = asyncio.ensure_future(p.retire(drain_s=60))
+    await settled()
+    assert not retiring.done()
+    for e in engines.values():
+        e.release_all()
+    assert (await last).request_id == "a" and await retiring is True
+
+    nxt = Engine("n0")
+    p.reinit([GenSlot("n0", "gpu-bandwidth", nxt, capacity=1)])
+    task = asyncio.ensure_future(p.generate(req("b", traj="t1")))  # the same trajectory id: no stale route
+    await settled()
+    assert list(nxt.gates) == ["b"]
+    nxt.release_all()
+    assert (await task).worker == "n0" and p.summary()["requests"] == 1
