@@ -14,7 +14,7 @@ from prefect import flow
 
 from engine.config import load_config
 from engine.experiment import Experiment
-from tasks.checkpoint import load_checkpoint
+from tasks.checkpoint import checkpoint_record, load_checkpoint
 from tasks.evaluate import baselines, evaluate_held_out
 from tasks.setup import prepare_model, provision_pools, start_actors
 
@@ -26,6 +26,8 @@ async def evaluate_run(
     """`checkpoint`: the step of the checkpoint to score; None = the latest one, or the base model if the
     experiment has none yet."""
     exp = Experiment(load_config(config, overrides))
+    if checkpoint is not None:
+        checkpoint_record(exp, checkpoint)  # a step the experiment never saved: refused before any start-up
     try:
         provision_pools(exp)
         prepare_model(exp)

@@ -85,11 +85,17 @@ def restore_checkpoint(exp: Experiment, resume: bool) -> dict[str, Any]:
 )
 def load_checkpoint(exp: Experiment, step: int | None = None) -> dict[str, Any]:
     """Load checkpoint `step` (the latest when None) into the trainer, verified, changing no record."""
+    return _load(exp, checkpoint_record(exp, step))[0]
+
+
+def checkpoint_record(exp: Experiment, step: int | None = None) -> dict[str, Any]:
+    """The record of checkpoint `step` (the latest when None); FileNotFoundError naming the step if the
+    experiment has none (a cheap metadata read: a flow asks before it starts any worker)."""
     rec = exp.store.latest_checkpoint(exp.run_id, step)
     if rec is None:
         which = f"at step {step}" if step is not None else "at all"
         raise FileNotFoundError(f"experiment {exp.run_id!r} has no checkpoint {which} in {exp.run_dir}")
-    return _load(exp, rec)[0]
+    return rec
 
 
 def _load(exp: Experiment, rec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

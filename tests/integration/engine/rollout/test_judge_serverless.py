@@ -99,7 +99,7 @@ def _scaled_to_zero(endpoint, timeout_s: float = 30.0) -> bool:
 def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_to_zero(
     judge_endpoint, tmp_path
 ):
-    """3 sync+ steps of a task whose reward is an LLM judge (the run's own tiny model). The synthetic env
+    """2 sync+ steps of a task whose reward is an LLM judge (the run's own tiny model). The synthetic env
     pays 1.0 for every finished episode; this judge (random weights, replying blank lines) says yes to
     none, so a batch whose rewards are not all 0 was scored by something other than the judge. Between
     steps no wave is live (sync+ releases the next one after the update): the judge must scale to zero
@@ -138,7 +138,7 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
 
         async def run():
             await proto.start()
-            return [await proto.step(phase) for _ in range(3)]
+            return [await proto.step(phase) for _ in range(2)]
 
         metrics = asyncio.run(run())
         stats = ray.get(exp.rollout.stats.remote())
@@ -146,9 +146,9 @@ def test_a_judged_task_trains_on_the_judges_scores_from_an_endpoint_that_scales_
     finally:
         exp.teardown()
     assert refused == [401]  # the endpoint takes only calls with the run's token
-    assert [m["version"] for m in metrics] == [1, 2, 3]
-    assert [m["reward_mean"] for m in metrics] == [0.0, 0.0, 0.0]  # the judge's verdicts, not the env's 1.0
-    assert stats["reward"]["scored"] >= 3 * 2 * G and "failed" not in stats["reward"]
-    assert up == [1, 1, 1]  # a replica served each batch ...
-    assert zero_before_wave == [True, True, True]  # ... and none was left between steps: cold starts
+    assert [m["version"] for m in metrics] == [1, 2]
+    assert [m["reward_mean"] for m in metrics] == [0.0, 0.0]  # the judge's verdicts, not the env's 1.0
+    assert stats["reward"]["scored"] >= 2 * 2 * G and "failed" not in stats["reward"]
+    assert up == [1, 1]  # a replica served each batch ...
+    assert zero_before_wave == [True, True]  # ... and none was left between steps: the second batch cold
     assert app not in serve.status().applications  # teardown removed the endpoint
