@@ -276,7 +276,8 @@ def _store_spec(kind: str, segment_bytes: int, stack: ExitStack) -> dict[str, An
     logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rollart-ws-")))
     master = stack.enter_context(MooncakeMaster(log_dir=logs))
     addresses = {"master_addr": master.master_addr, "metadata_url": master.metadata_url}
-    return {"kind": "mooncake", **addresses, "segment_bytes": segment_bytes}
+    # each client's start-up lines (glog, before its level applies) go to the folder, not the terminal
+    return {"kind": "mooncake", **addresses, "segment_bytes": segment_bytes, "log_dir": str(logs)}
 
 
 def _measure_all(s: Settings, window_s: float) -> list[dict[str, Any]]:
