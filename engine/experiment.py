@@ -7,7 +7,7 @@ where the `ResourceManager` binds them: trainer (`actor_train`), generation (`ac
 and die with the driver; a resumed run starts new ones and restores their state from the checkpoint.
 Runs in sequence on one Ray may share a `WarmWorkers` (engine/core/warm.py): the trainer's, the
 generation workers' and the rollout's processes then pass from one run to the next, rebuilt from each
-run's config, and so does the Mooncake master (engine/weights/run_store.py)."""
+run's config, and so do the LLMProxy and the Mooncake master (engine/weights/run_store.py)."""
 
 from __future__ import annotations
 
@@ -363,8 +363,9 @@ class Experiment:
                 self._own_serve = False
 
     def _stop_actors(self) -> None:
-        """Kill the proxy and every cluster's workers; free all pool units this run holds (a worker whose
-        cluster was still being built when it failed holds one too). Returns once the named proxy is gone."""
+        """Kill the proxy and every cluster's workers, or retire them into the run's WarmWorkers; free all
+        pool units this run holds (a worker whose cluster was still being built when it failed holds one
+        too). Without a WarmWorkers, returns once the named proxy is gone."""
         proxy, self.proxy = self.proxy, None
         if proxy is not None:
             if self.warm is not None and retired(proxy.retire.remote()):
