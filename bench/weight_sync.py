@@ -177,6 +177,7 @@ class Puller:
     def wait(self, run_id: str, version: int) -> dict[str, float]:
         """Timings of `version`'s pull and when it started; the tensors are dropped (nowhere to load)."""
         timings = self.prefetchers[run_id].wait(version)[1]
+        self.prefetchers[run_id].release(version)  # as a worker does once it loaded them
         return timings | {"started_at": self.started.pop((run_id, version))}
 
     def close(self) -> None:

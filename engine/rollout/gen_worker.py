@@ -86,6 +86,7 @@ class GenerationWorker(Worker):
         if version is not None:
             tensors, _ = prefetcher.wait(version)
             self.backend.load_weights(tensors.items(), version)
+            prefetcher.release(version)
 
     @hw_mapping(tag_name="profile")  # a request goes to the pool whose kind suits its task's workload
     async def generate(self, request: GenRequest) -> GenOutput:
@@ -111,7 +112,8 @@ class GenerationWorker(Worker):
             raise RuntimeError(f"{self.name}: no weight store configured, cannot update")
         tensors, timings = await asyncio.to_thread(self.prefetcher.wait, version)
         t0 = time.perf_counter()
-        self.backend.load_weights(tensors.items(), version)
+        self.backend.load_weights(tensors.items(), version)  # copies them into the engine's weights
+        self.prefetcher.release(version)
         return {**timings, "load_s": time.perf_counter() - t0}
 
     def load_weights(self, named_tensors: dict[str, Any], version: int) -> None:

@@ -93,17 +93,28 @@ def _layout(state_dict: Mapping[str, torch.Tensor], bucket_bytes: int) -> tuple[
 
 
 def make_buckets(
-    state_dict: Mapping[str, torch.Tensor], bucket_bytes: int, version: int
+    state_dict: Mapping[str, torch.Tensor],
+    bucket_bytes: int,
+    version: int,
+    reuse: Sequence[memoryview] = (),
 ) -> tuple[Manifest, list[memoryview]]:
     """Copy every tensor once into `bucket_bytes`-sized CPU buffers; return the manifest and the buffers.
 
     Each returned memoryview is writable, 1-D, byte-formatted and keeps its buffer alive. Sources may be
-    on any device and need not be contiguous (the single copy handles both).
+    on any device and need not be contiguous (the single copy handles both). `reuse`: buffers an earlier
+    call returned, written over if the layout has the same bucket sizes (fresh memory is slow to touch
+    on a VM that returns freed pages to its host), else left alone.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     entries, sizes = _layout(state_dict, bucket_bytes)
-    buffers = [torch.empty(size, dtype=torch.uint8) for size in sizes]
+    if [m.nbytes for m in reuse] == sizes:
+        buffers = [
+            torch.frombuffer(m, dtype=torch.uint8) if m.nbytes else torch.empty(0, dtype=torch.uint8)
+            for m in reuse
+        ]
+    else:
+        buffers = [torch.empty(size, dtype=torch.uint8) for size in sizes]
     filled = [0] * len(sizes)  # end of the last tensor written into each bucket
     with torch.no_grad():
         for entry, tensor in zip(entries, state_dict.values(), strict=True):

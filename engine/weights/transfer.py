@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from engine.weights.buckets import Manifest, make_buckets, unpack
-from infra.weightstore.base import Buffer, MissingKeyError, WeightStore
+from infra.weightstore.base import MissingKeyError, WeightStore
 
 
 def version_prefix(run_id: str, version: int) -> str:
@@ -53,13 +53,15 @@ class WeightPublisher:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.store, self.run_id, self.keep_last = store, run_id, keep_last
         self._versions: set[int] = set()  # versions this publisher has in the store
+        self._packed: list[memoryview] = []  # the last publish's buckets: every store copies what it puts
 
     def publish(
         self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
     ) -> dict[str, float]:
         """Push `version`, manifest first, buckets in order. Returns {pack_s, push_s, bytes, buckets}."""
         t0 = time.perf_counter()
-        manifest, buckets = make_buckets(state_dict, bucket_bytes, version)
+        manifest, buckets = make_buckets(state_dict, bucket_bytes, version, reuse=self._packed)
+        self._packed = buckets
         t1 = time.perf_counter()
         self.store.delete_prefix(version_prefix(self.run_id, version))  # a retried publish starts clean
         self.store.put(manifest_key(self.run_id, version), manifest.to_json().encode())
@@ -92,7 +94,14 @@ class WeightPrefetcher:
     One pull runs at a time (they would only compete for the same link). `wait(v)` also drops any
     older version that was started but never collected. A pull may start before its version is
     published: it waits up to `publish_timeout_s` for the manifest and for each bucket to land.
+
+    The tensors `wait(v)` returns are views of receive buffers that later pulls reuse once the caller
+    says it is done with them, `release(v)` (after loading them into its engine): reading every version
+    into fresh memory made each pull first-touch 0.5 GB, seconds on a VM that returns freed pages to
+    its host (a pull took 7-15 s there, 1 s into reused buffers).
     """
+
+    KEEP_FREE = 2  # released buffer sets kept for the next pulls
 
     POLL_S = (0.001, 0.02)  # first and longest pause between looks for a key not written yet
 
@@ -102,6 +111,8 @@ class WeightPrefetcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch")
         self._pulls: dict[int, Future[tuple[dict[str, torch.Tensor], dict[str, float]]]] = {}
         self._lock = threading.Lock()
+        self._held: dict[int, list[memoryview]] = {}  # version -> the buffers its tensors view
+        self._free: list[list[memoryview]] = []  # released buffer sets, the newest last
 
     def start(self, version: int) -> None:
         """Begin pulling `version` in the background (no-op if already started)."""
@@ -141,7 +152,25 @@ class WeightPrefetcher:
                 with self._lock:
                     for v in [v for v in self._pulls if v <= version]:
                         del self._pulls[v]
+                        if v < version and v in self._held:  # pulled, never handed over
+                            self._free.append(self._held.pop(v))
         return tensors, {**timings, "exposed_s": exposed}
+
+    def release(self, version: int) -> None:
+        """The caller is done with the tensors of `version` and of every older version: their buffers
+        serve the next pulls."""
+        with self._lock:
+            for v in sorted(v for v in self._held if v <= version):
+                self._free.append(self._held.pop(v))
+            del self._free[: -self.KEEP_FREE]
+
+    def _buffers(self, sizes: list[int]) -> list[memoryview]:
+        """Receive buffers of these bucket sizes: a released set of the same layout, else new ones."""
+        with self._lock:
+            for i, bufs in enumerate(self._free):
+                if [b.nbytes for b in bufs] == sizes:
+                    return self._free.pop(i)
+        return [memoryview(bytearray(size)) for size in sizes]
 
     def _pull(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Read the manifest, then every bucket as it lands. `pull_s` counts the reading, not the waits
@@ -152,15 +181,18 @@ class WeightPrefetcher:
         manifest = Manifest.from_json(self.store.get(manifest_key(self.run_id, version)))
         if manifest.version != version:
             raise ValueError(f"manifest under v{version} of run {self.run_id!r} says v{manifest.version}")
-        buckets: list[Buffer] = []
+        buckets = self._buffers(manifest.bucket_sizes)
         for i, size in enumerate(manifest.bucket_sizes):
             if size:
                 key = bucket_key(self.run_id, version, i)
                 waited += self._await_key(key, version, deadline)
-                buckets.append(self.store.get(key))
-            else:
-                buckets.append(b"")
+                self.store.get_into(key, buckets[i])
         tensors = unpack(manifest, buckets)
+        with self._lock:
+            if version in self._pulls:
+                self._held[version] = buckets
+            else:  # dropped meanwhile by a `wait` for a newer version: nobody will take these tensors
+                self._free.append(buckets)
         total = time.perf_counter() - t0
         return tensors, {
             "pull_s": total - waited,

@@ -150,16 +150,30 @@ class MooncakeStore(WeightStore):
             self._store.unregister_buffer(ptr)
 
     def get(self, key: str) -> Buffer:
-        size = _check(self._store.get_size(key), "get", key)
-        out = np.empty(size, dtype=np.uint8)
-        ptr = self._registered(out, "get", key)
+        out = np.empty(_check(self._store.get_size(key), "get", key), dtype=np.uint8)
+        self._read(key, out, "get")
+        return out.data
+
+    def get_into(self, key: str, out: memoryview) -> None:
+        arr = np.frombuffer(out, dtype=np.uint8)  # the caller's bytes, written in place by the engine
+        size = _check(self._store.get_size(key), "get_into", key)
+        if size != arr.nbytes:
+            raise WeightStoreError(
+                f"mooncake get_into {key!r}: the value has {size} bytes, the buffer {arr.nbytes}"
+            )
+        self._read(key, arr, "get_into")
+
+    def _read(self, key: str, arr: np.ndarray, op: str) -> None:
+        """Read `key`'s value, of `arr.nbytes` bytes, into `arr` through the zero-copy path."""
+        ptr = self._registered(arr, op, key)
         try:
-            got = _check(self._store.get_into(key, ptr, size), "get", key)
+            got = _check(self._store.get_into(key, ptr, arr.nbytes), op, key)
         finally:
             self._store.unregister_buffer(ptr)
-        if got != size:
-            raise WeightStoreError(f"mooncake get {key!r}: read {got} bytes, expected {size} (overwritten?)")
-        return out.data
+        if got != arr.nbytes:
+            raise WeightStoreError(
+                f"mooncake {op} {key!r}: read {got} bytes, expected {arr.nbytes} (overwritten?)"
+            )
 
     def exists(self, key: str) -> bool:
         return bool(_check(self._store.is_exist(key), "exists", key))

@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.weights.transfer import WeightPrefetcher, WeightPublisher, manifest_key
-from infra.weightstore import MissingKeyError, StoreFullError
+from infra.weightstore import MissingKeyError, StoreFullError, WeightStoreError
 from infra.weightstore.factory import open_store, release_store
 from infra.weightstore.mooncake import MooncakeStore
 from infra.weightstore.mooncake_master import MooncakeMaster
@@ -89,6 +89,21 @@ def test_store_semantics_and_errors(master: MooncakeMaster) -> None:
         store.put("big/1", bytes(10 * MiB))
     assert store.exists("big/0")  # pinned: a failed put evicts nothing
     store.close()
+
+
+def test_get_into_reads_into_the_callers_buffer_across_processes(master: MooncakeMaster) -> None:
+    writer, reader = client(master), client(master)
+    out = memoryview(bytearray(3 * MiB))
+    for fill in (1, 2):  # the same buffer serves both reads
+        writer.put("r/v1/bucket0", bytes([fill]) * (3 * MiB))
+        reader.get_into("r/v1/bucket0", out)
+        assert out[0] == out[-1] == fill and bytes(out) == bytes([fill]) * (3 * MiB)
+    with pytest.raises(WeightStoreError, match=r"'r/v1/bucket0': the value has 3145728 bytes, the buffer 16"):
+        reader.get_into("r/v1/bucket0", memoryview(bytearray(16)))
+    with pytest.raises(MissingKeyError, match="r/v2/bucket0"):
+        reader.get_into("r/v2/bucket0", out)
+    reader.close()
+    writer.close()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])

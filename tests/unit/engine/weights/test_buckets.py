@@ -121,3 +121,21 @@ def test_only_empty_tensors_give_one_zero_byte_bucket() -> None:
     assert manifest.bucket_sizes == [0] and buckets[0].nbytes == 0
     out = unpack(manifest, [b""])
     assert out["e"].shape == (0, 2) and out["e"].dtype == torch.bfloat16
+
+
+def test_make_buckets_writes_over_the_buffers_it_is_given_for_the_same_layout_only() -> None:
+    a = {"w": torch.arange(12, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
+    b = {k: t * 2 for k, t in a.items()}
+    _, first = make_buckets(a, 32, version=1)
+    kept = [bytes(m) for m in first]
+    manifest, second = make_buckets(b, 32, version=2, reuse=first)
+    assert all(np_address(m) == np_address(f) for m, f in zip(second, first, strict=True))
+    assert [bytes(m) for m in second] == [bytes(m) for m in make_buckets(b, 32, version=2)[1]]
+    assert [bytes(m) for m in second] != kept
+    other, third = make_buckets(b, 1 << 10, version=3, reuse=second)  # one bucket: a new buffer
+    assert other.num_buckets == 1 and all(np_address(t) != np_address(s) for t in third for s in second)
+    assert unpack(manifest, second)["w"].equal(b["w"])
+
+
+def np_address(m: memoryview) -> int:
+    return int(np.frombuffer(m, dtype=np.uint8).ctypes.data)

@@ -130,6 +130,32 @@ def test_prefetched_tensors_equal_the_published_ones() -> None:
     prefetcher.close()
 
 
+def _addresses(tensors: dict[str, torch.Tensor]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()}
+
+
+def test_a_pull_reuses_released_buffers_and_never_those_still_held() -> None:
+    store = InMemoryStore()
+    publisher = WeightPublisher(store, "run", keep_last=5)
+    for v in (1, 2, 3, 4):
+        publisher.publish(state_dict(v), version=v, bucket_bytes=300)
+    prefetcher = WeightPrefetcher(store, "run")
+    one, _ = prefetcher.wait(1)
+    two, _ = prefetcher.wait(2)  # v1 is handed over and not released: v2 gets buffers of its own
+    three, _ = prefetcher.wait(3)
+    assert not _addresses(three) & (_addresses(one) | _addresses(two))
+    assert_same(one, state_dict(1))
+    prefetcher.release(3)  # v3 and the older versions are done with
+    four, _ = prefetcher.wait(4)
+    assert _addresses(four) <= _addresses(one) | _addresses(two) | _addresses(three)  # memory touched before
+    assert_same(four, state_dict(4))
+    publisher.publish(state_dict(5), version=5, bucket_bytes=1 << 20)  # another layout: one bucket
+    five, _ = prefetcher.wait(5)
+    assert_same(five, state_dict(5))
+    assert_same(four, state_dict(4))  # v4 is held: its buffers were not written
+    prefetcher.close()
+
+
 def test_pull_overlaps_with_the_callers_work(clock: ManualClock) -> None:
     store = RecordingStore()
     WeightPublisher(store, "run").publish(state_dict(2), version=2, bucket_bytes=512)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra.weightstore import InMemoryStore, MissingKeyError
+from infra.weightstore import InMemoryStore, MissingKeyError, WeightStoreError
 
 
 def test_put_get_replace_and_snapshot() -> None:
@@ -30,3 +30,15 @@ def test_delete_keys_and_prefix_count_what_they_removed() -> None:
         assert store.delete(["r/v1/a", "nope"]) == 1
         assert store.delete_prefix("r/v1/") == 1  # not r/v10/
         assert [store.exists(k) for k in ("r/v1/b", "r/v10/a", "q/v1/a")] == [False, True, True]
+
+
+def test_get_into_fills_the_callers_buffer_of_the_values_size_only() -> None:
+    store = InMemoryStore()
+    store.put("r/v1/bucket0", b"weights")
+    out = memoryview(bytearray(7))
+    store.get_into("r/v1/bucket0", out)
+    assert bytes(out) == b"weights"
+    with pytest.raises(WeightStoreError, match=r"'r/v1/bucket0': the value has 7 bytes, the buffer 8"):
+        store.get_into("r/v1/bucket0", memoryview(bytearray(8)))
+    with pytest.raises(MissingKeyError, match="r/v1/bucket1"):
+        store.get_into("r/v1/bucket1", out)
