@@ -5,8 +5,8 @@ is the score. The paper's claim: at α = 1 RollArt reaches Sync+'s score 2.05× 
 (setting, mode, α, seed) trains the quickstart task (`configs/quickstart.yaml`: SmolLM2-135M-Instruct on
 reasoning-gym arithmetic, held-out questions disjoint by text) from the same weights through the real
 system (`Experiment` + `IterationProtocol`, as `rollart train` drives it), and saves the weights every
-`eval_every` steps. The clock runs from the first step's start to the last step's end, saves included
-(as often in every mode). Checkpoints are scored offline after each run on the same held-out questions by
+`eval_every` steps (the model alone: scoring needs no optimiser state). The clock runs from the first
+step's start to the last step's end, saves included (as often in every mode). Checkpoints are scored offline after each run on the same held-out questions by
 one greedy vLLM engine in this process that loads each checkpoint's weights (then deleted): scoring costs
 no run time, every mode is scored alike.
 
@@ -218,7 +218,7 @@ async def _drive(
         print(f"  {checkpoints.name} step {step}: {m['step_s']:.1f} s, {clock:.0f} s in", flush=True)
         stop = should_stop(step, clock, max_steps, budget_s)
         if step % s.eval_every == 0 or stop:
-            path = await exp.trainer.save.remote(str(checkpoints), {"step": step})
+            path = await exp.trainer.save.remote(str(checkpoints), {"step": step}, weights_only=True)
             points.append({"step": step, "train_wall_s": clock, "tokens": tokens, "path": path})
         if stop:
             break

@@ -43,11 +43,14 @@ def save_checkpoint(
     trainer: TorchTrainer,
     tokenizer: PreTrainedTokenizerBase | None = None,
     extra: dict[str, Any] | None = None,
+    weights_only: bool = False,
 ) -> Path:
     """Write the trainer's full state as `checkpoint_dir(root, trainer.version)`; return that path.
 
     `extra` must be JSON-able (buffer, scheduler, data-loader state...). Saving the same version twice
-    replaces the earlier checkpoint (a retried task must not fail on its own leftovers).
+    replaces the earlier checkpoint (a retried task must not fail on its own leftovers). `weights_only`:
+    the model and tokenizer alone, what serving or scoring loads (a third of the bytes: the optimiser's
+    moments are twice the weights); without `state.json`, so it is never taken for a resumable checkpoint.
     """
     try:
         extra_json = json.dumps(extra or {})
@@ -56,7 +59,8 @@ def save_checkpoint(
     final = checkpoint_dir(root, trainer.version)
     # whole weights and optimiser state first: on tensor-parallel ranks these are collectives, every rank
     # takes part, and only the one that `writes` goes on to write
-    model, optimizer_state = trainer.hf_model(), trainer.optimizer_state()
+    model = trainer.hf_model()
+    optimizer_state = None if weights_only else trainer.optimizer_state()
     if not trainer.writes:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -65,17 +69,18 @@ def save_checkpoint(
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save(optimizer_state, tmp / _OPTIMIZER_FILE)
-        torch.save(_rng_state(), tmp / _RNG_FILE)
-        state = {
-            "format": _FORMAT,
-            "version": trainer.version,
-            "has_tokenizer": tokenizer is not None,
-            "trainer_config": asdict(trainer.config),
-            "param_layout": _layout(trainer),
-            "extra": json.loads(extra_json),
-        }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / _OPTIMIZER_FILE)
+            torch.save(_rng_state(), tmp / _RNG_FILE)
+            state = {
+                "format": _FORMAT,
+                "version": trainer.version,
+                "has_tokenizer": tokenizer is not None,
+                "trainer_config": asdict(trainer.config),
+                "param_layout": _layout(trainer),
+                "extra": json.loads(extra_json),
+            }
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
         _move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

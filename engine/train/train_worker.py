@@ -157,10 +157,12 @@ class TrainWorker(Worker):
         return weights_sha256(self.trainer.state_dict())
 
     @register
-    def save(self, root: str, extra: dict[str, Any] | None = None) -> str:
+    def save(self, root: str, extra: dict[str, Any] | None = None, weights_only: bool = False) -> str:
         from engine.train.checkpoint import save_checkpoint
 
-        return str(save_checkpoint(Path(root), self.trainer, tokenizer=self.tokenizer, extra=extra))
+        return str(
+            save_checkpoint(Path(root), self.trainer, self.tokenizer, extra=extra, weights_only=weights_only)
+        )
 
     @register
     def load(self, path: str) -> dict[str, Any]:

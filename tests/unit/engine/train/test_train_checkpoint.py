@@ -81,6 +81,25 @@ def test_checkpoint_is_a_plain_hf_model_directory(
         assert torch.equal(a, b), name
 
 
+def test_a_weights_only_save_loads_as_a_model_and_never_as_a_resumable_checkpoint(
+    tiny_model: Callable[..., PreTrainedModel], tmp_path: Path
+) -> None:
+    trainer = TorchTrainer(tiny_model(seed=0), CONFIG)
+    path = save_checkpoint(tmp_path, trainer, weights_only=True)
+    # no optimiser, RNG or state.json: what `from_pretrained` reads
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    loaded = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    for (name, a), b in zip(trainer.model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(ValueError, match="is not a complete checkpoint"):
+        load_checkpoint(path, TorchTrainer(tiny_model(seed=1), CONFIG))
+
+
 def test_tokenizer_is_saved_alongside(tiny_model: Callable[..., PreTrainedModel], tmp_path: Path) -> None:
     vocab = {"[UNK]": 0, "hello": 1, "world": 2}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
