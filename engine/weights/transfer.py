@@ -101,7 +101,7 @@ class WeightPrefetcher:
     its host (a pull took 7-15 s there, 1 s into reused buffers).
     """
 
-    KEEP_FREE = 2  # released buffer sets kept for the next pulls
+    KEEP_FREE = 1  # released buffer sets kept: the next pull's (host memory as large as the weights)
 
     POLL_S = (0.001, 0.02)  # first and longest pause between looks for a key not written yet
 
