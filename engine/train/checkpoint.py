@@ -6,7 +6,8 @@ torch RNG states and `state.json` (version, trainer config, caller's `extra`). I
 `.tmp-*` sibling and renamed into place, so a directory with the final name is always complete and a
 crash leaves only a tmp directory that `latest_checkpoint` ignores. Restoring everything (weights,
 optimiser moments and step counts, RNG) makes a resumed run bit-for-bit identical to one that never
-stopped.
+stopped. A weights-only save (`save_checkpoint(..., weights_only=True)`) holds the model and tokenizer
+alone: servable and scorable, never resumable.
 """
 
 from __future__ import annotations
