@@ -6,9 +6,9 @@ is the score. The paper's claim: at α = 1 RollArt reaches Sync+'s score 2.05× 
 reasoning-gym arithmetic, held-out questions disjoint by text) from the same weights through the real
 system (`Experiment` + `IterationProtocol`, as `rollart train` drives it), and saves the weights every
 `eval_every` steps (the model alone: scoring needs no optimiser state). The clock runs from the first
-step's start to the last step's end, saves included (as often in every mode). Checkpoints are scored offline after each run on the same held-out questions by
-one greedy vLLM engine in this process that loads each checkpoint's weights (then deleted): scoring costs
-no run time, every mode is scored alike.
+step's start to the last step's end, saves included (as often in every mode). Checkpoints are scored
+offline after each run on the same held-out questions by one greedy vLLM engine in this process that loads
+each checkpoint's weights (then deleted): scoring costs no run time, every mode is scored alike.
 
 - Every mode of a seed trains for the same wall time: the time its `sync+` run took for `--steps` steps
   (sync+ runs first), taking the steps that fit, up to `STEP_CAP` × `--steps`; `--fixed-steps` gives every
