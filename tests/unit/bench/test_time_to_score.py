@@ -54,13 +54,15 @@ def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
     assert missed["steps_to_target"] is None
 
 
-def test_auto_target_is_a_share_of_sync_plus_median_final_success():
+def test_auto_target_is_a_share_of_sync_plus_median_gain_above_the_untrained_model():
     runs = [run("sync+", 0, s, [0.1, f]) for s, f in enumerate([0.4, 0.6, 0.5])] + [
         run("rollart", 1, 0, [0.9])
     ]
-    assert tsr.auto_target(runs) == pytest.approx(0.9 * 0.5)
+    assert tsr.auto_target(runs, before=0.2) == pytest.approx(0.2 + 0.9 * (0.5 - 0.2))
     with pytest.raises(ValueError, match="pass --target"):
-        tsr.auto_target([run("rollart", 1, 0, [0.9])])
+        tsr.auto_target([run("rollart", 1, 0, [0.9])], before=0.2)
+    # sync+ no better than the untrained model: 0.9 x its final would lie below where every mode starts
+    assert tsr.auto_target(runs, before=0.55) == 0.55
 
 
 def test_summary_gives_the_median_and_range_counting_a_miss_as_never():
