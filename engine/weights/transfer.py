@@ -153,7 +153,7 @@ class WeightPrefetcher:
                     for v in [v for v in self._pulls if v <= version]:
                         del self._pulls[v]
                         if v < version and v in self._held:  # pulled, never handed over
-                            self._free.append(self._held.pop(v))
+                            self._give_back(self._held.pop(v))
         return tensors, {**timings, "exposed_s": exposed}
 
     def release(self, version: int) -> None:
@@ -161,8 +161,12 @@ class WeightPrefetcher:
         serve the next pulls."""
         with self._lock:
             for v in sorted(v for v in self._held if v <= version):
-                self._free.append(self._held.pop(v))
-            del self._free[: -self.KEEP_FREE]
+                self._give_back(self._held.pop(v))
+
+    def _give_back(self, buffers: list[memoryview]) -> None:
+        """Return a buffer set to the free list, keeping the newest KEEP_FREE (call with the lock held)."""
+        self._free.append(buffers)
+        del self._free[: -self.KEEP_FREE]
 
     def _buffers(self, sizes: list[int]) -> list[memoryview]:
         """Receive buffers of these bucket sizes: a released set of the same layout, else new ones."""
@@ -192,7 +196,7 @@ class WeightPrefetcher:
             if version in self._pulls:
                 self._held[version] = buckets
             else:  # dropped meanwhile by a `wait` for a newer version: nobody will take these tensors
-                self._free.append(buckets)
+                self._give_back(buckets)
         total = time.perf_counter() - t0
         return tensors, {
             "pull_s": total - waited,

@@ -156,6 +156,20 @@ def test_a_pull_reuses_released_buffers_and_never_those_still_held() -> None:
     prefetcher.close()
 
 
+def test_pulls_dropped_by_a_newer_wait_keep_at_most_keep_free_buffer_sets() -> None:
+    store = InMemoryStore()
+    publisher = WeightPublisher(store, "run", keep_last=5)
+    for v in (1, 2, 3, 4):
+        publisher.publish(state_dict(v), version=v, bucket_bytes=300)
+    prefetcher = WeightPrefetcher(store, "run")
+    for v in (1, 2, 3):
+        prefetcher.start(v)  # one pull at a time: v1-v3 are pulled (never handed over) before v4
+    four, _ = prefetcher.wait(4)  # drops v1-v3: their three buffer sets go back to the free list
+    assert len(prefetcher._free) == WeightPrefetcher.KEEP_FREE  # not three: host memory stays bounded
+    assert_same(four, state_dict(4))
+    prefetcher.close()
+
+
 def test_pull_overlaps_with_the_callers_work(clock: ManualClock) -> None:
     store = RecordingStore()
     WeightPublisher(store, "run").publish(state_dict(2), version=2, bucket_bytes=512)
