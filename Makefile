@@ -18,15 +18,18 @@ install: $(STAMP)
 
 # Two test processes: one alone leaves the cores idle while a test waits (runs, servers, polls); with two,
 # both cores were 95-99% busy through a whole run (sampled from /proc/stat), so a third would only queue.
-# --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process.
+# --dist loadfile keeps each module's tests, and the Ray or server its fixtures share, in one process;
+# modules go out longest first (tests/ordering.py), which --no-loadscope-reorder keeps.
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 
 # mypy (about 65 CPU-seconds without its cache) runs beside pytest, on cores pytest keeps busy, so its CPU
 # time is not free; its output is printed after pytest's and either failing fails.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > $(TMPDIR)/mypy.log 2>&1 & mypy=$$!; \
-	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15; rc=$$?; \
+	$(VENV)/bin/python -m pytest tests -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=15 $(PYTEST_ARGS); rc=$$?; \
 	wait $$mypy; mypy_rc=$$?; echo "mypy:"; cat $(TMPDIR)/mypy.log; \
 	test $$rc -eq 0 -a $$mypy_rc -eq 0
 

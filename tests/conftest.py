@@ -9,6 +9,8 @@ import pytest
 
 from tests.services import create_database, postgres_server
 
+pytest_plugins = ["tests.ordering"]  # longest modules first (tests/ordering.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # `make test` runs two test processes, each starting Ray clusters of torch processes, on the machine's
