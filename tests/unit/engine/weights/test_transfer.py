@@ -134,12 +134,17 @@ def _addresses(tensors: dict[str, torch.Tensor]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()}
 
 
-def test_a_pull_reuses_released_buffers_and_never_those_still_held() -> None:
-    store = InMemoryStore()
-    publisher = WeightPublisher(store, "run", keep_last=5)
+def four_published() -> WeightPublisher:
+    """Versions 1-4 of run "run" in an in-memory store, in buckets of 300 bytes, all kept."""
+    publisher = WeightPublisher(InMemoryStore(), "run", keep_last=5)
     for v in (1, 2, 3, 4):
         publisher.publish(state_dict(v), version=v, bucket_bytes=300)
-    prefetcher = WeightPrefetcher(store, "run")
+    return publisher
+
+
+def test_a_pull_reuses_released_buffers_and_never_those_still_held() -> None:
+    publisher = four_published()
+    prefetcher = WeightPrefetcher(publisher.store, "run")
     one, _ = prefetcher.wait(1)
     two, _ = prefetcher.wait(2)  # v1 is handed over and not released: v2 gets buffers of its own
     three, _ = prefetcher.wait(3)
@@ -157,11 +162,8 @@ def test_a_pull_reuses_released_buffers_and_never_those_still_held() -> None:
 
 
 def test_pulls_dropped_by_a_newer_wait_keep_at_most_keep_free_buffer_sets() -> None:
-    store = InMemoryStore()
-    publisher = WeightPublisher(store, "run", keep_last=5)
-    for v in (1, 2, 3, 4):
-        publisher.publish(state_dict(v), version=v, bucket_bytes=300)
-    prefetcher = WeightPrefetcher(store, "run")
+    publisher = four_published()
+    prefetcher = WeightPrefetcher(publisher.store, "run")
     for v in (1, 2, 3):
         prefetcher.start(v)  # one pull at a time: v1-v3 are pulled (never handed over) before v4
     four, _ = prefetcher.wait(4)  # drops v1-v3: their three buffer sets go back to the free list
