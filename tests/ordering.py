@@ -50,13 +50,11 @@ class _Recorder:
         self.seconds[module_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(session.config, "workerinput"):  # an xdist worker: its reports reach the controller
-            return
         ordered = dict(sorted(((m, round(s, 1)) for m, s in self.seconds.items()), key=lambda kv: -kv[1]))
         self.path.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--write-durations")
-    if path and not hasattr(config, "workerinput"):
+    if path and not hasattr(config, "workerinput"):  # the controller: the workers' reports reach it
         config.pluginmanager.register(_Recorder(Path(path)), "rollart-durations")

@@ -34,5 +34,5 @@ def test_the_recorder_writes_each_modules_seconds_longest_first(tmp_path):
     recorder = ordering._Recorder(tmp_path / "out.json")
     for nodeid, seconds in [("tests/a.py::x", 1.0), ("tests/b.py::x", 2.5), ("tests/a.py::y", 0.5)]:
         recorder.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=seconds))  # type: ignore[arg-type]
-    recorder.pytest_sessionfinish(SimpleNamespace(config=SimpleNamespace()))  # type: ignore[arg-type]
+    recorder.pytest_sessionfinish(SimpleNamespace())  # type: ignore[arg-type]
     assert json.loads((tmp_path / "out.json").read_text()) == {"tests/b.py": 2.5, "tests/a.py": 1.5}
