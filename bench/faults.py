@@ -90,7 +90,7 @@ class Settings:
 
 
 FULL = Settings()
-QUICK = replace(FULL, steps=4, batch_groups=2, concurrency=16, rounds=3, rates=(RATES[0], RATES[-1]))
+QUICK = replace(FULL, steps=2, batch_groups=2, concurrency=16, rounds=3, rates=(RATES[0], RATES[-1]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -169,4 +169,4 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
         del step["begin"]
         step["reward_mean"] = reward
         step["train_s"] = step["step_s"] - step["rollout_s"]
-    return {"startup_s": startup_s, "steps": steps}
+    return {"startup_s": startup_s, "warm_start": False, "steps": steps}

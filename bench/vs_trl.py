@@ -16,8 +16,11 @@ Per run, after `--warmup` steps: the median step's wall seconds with a bootstrap
 measured steps (one run per configuration: the interval is of steps, not of seeds), generated tokens per
 second (completion tokens of the step / its seconds), the phases (rollout: TRL's generate + score, rollart's
 wait for the batch; train: the rest of the step), the start-up (the trainer or the run being built, to the
-first step), and the wall time from the first step until the step's mean training reward first reaches
-`--reward-level` (None where it never does: a random tiny model scores nothing).
+first step; `warm_start`: rollart's runs of a model share one Ray, and each after the first rebuilds the
+last one's worker processes instead of starting its own, as a sequence of runs does with
+`engine/core/warm.py`; TRL's runs go first, with no Ray up), and the wall time from the first step until
+the step's mean training reward first reaches `--reward-level` (None where it never does: a random tiny
+model scores nothing).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from bench.async_runs import LatencyEnvs
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
+    from engine.core.warm import WarmWorkers
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -132,17 +136,29 @@ def _config(s: Settings, model: str, setting: str, mode: str, alpha: int, root: 
     )
 
 
-def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root: Path) -> dict[str, Any]:
+def _rollart(
+    s: Settings,
+    model: str,
+    setting: str,
+    mode: str,
+    alpha: int,
+    root: Path,
+    warm: WarmWorkers | None = None,
+) -> dict[str, Any]:
+    """One rollart run: its start-up and per-step phases. `warm`: the processes of the last run, rebuilt for
+    this one (engine/core/warm.py), on the Ray that run started; without it the run starts and stops its
+    own Ray."""
     from engine.experiment import Experiment
     from engine.rollout.service import default_env_factory
 
     t_start = time.perf_counter()
+    cold = warm is None or warm.idle() == 0  # nothing to rebuild: every process starts from scratch
     cfg = _config(s, model, setting, mode, alpha, root)
     waiting = setting == "waiting-env"
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, s.seed * 100_000) if waiting else default_env_factory
     )
-    exp = Experiment(cfg)
+    exp = Experiment(cfg, warm=warm)
     try:
         exp.provision()
         exp.prepare_model()
@@ -169,8 +185,27 @@ def _rollart(s: Settings, model: str, setting: str, mode: str, alpha: int, root:
         begin, steps = asyncio.run(drive())
     finally:
         exp.teardown()
-        exp.release_ray()  # each run on a Ray of its own pools; a Ray that was up before stays up
-    return {"startup_s": begin - t_start, "steps": steps}
+        if warm is None:
+            exp.release_ray()  # a Ray that was up before stays up
+    return {"startup_s": begin - t_start, "warm_start": not cold, "steps": steps}
+
+
+def _rollart_runs(s: Settings, model: str, root: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every setting and mode of rollart on `model`, one after another on one Ray, each run rebuilding the
+    last one's processes (`WarmWorkers`): the first run's start-up is cold, the others' warm."""
+    import ray
+
+    from engine.core.warm import WarmWorkers
+
+    runs = {}
+    try:
+        with WarmWorkers() as warm:
+            for setting in s.settings:
+                for mode, alpha in ROLLART_MODES:
+                    runs[(setting, mode)] = _rollart(s, model, setting, mode, alpha, root, warm)
+    finally:
+        ray.shutdown()
+    return runs
 
 
 def _trl(s: Settings, model: str, setting: str, root: Path) -> dict[str, Any]:
@@ -217,6 +252,7 @@ def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s
         "train_s": statistics.median(m["train_s"] for m in measured),
         "threads": s.threads,
         "startup_s": run["startup_s"],
+        "warm_start": run["warm_start"],
         "reward_first": run["steps"][0]["reward_mean"],
         "reward_last": run["steps"][-1]["reward_mean"],
         "time_to_reward_s": reached,
@@ -273,14 +309,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         root = Path(tmp)
         for model in s.models:
+            # TRL first, with no Ray up; then rollart's runs on one Ray (`_rollart_runs`)
+            trl = {setting: _trl(s, model, setting, root) for setting in s.settings}
+            ours = _rollart_runs(s, model, root)
             for setting in s.settings:
-                rows.append(row("trl", "grpo", model, setting, _trl(s, model, setting, root), s))
-                for mode, alpha in ROLLART_MODES:
-                    got = _rollart(s, model, setting, mode, alpha, root)
-                    rows.append(row("rollart", mode, model, setting, got, s))
+                rows.append(row("trl", "grpo", model, setting, trl[setting], s))
+                rows += [row("rollart", m, model, setting, ours[(setting, m)], s) for m, _ in ROLLART_MODES]
                 for r in rows[-3:]:
                     print(f"{model} {setting} {_who(r)}: {r['step_s']:.2f} s per step", flush=True)
     shown = ("model", "setting", "step_s", "gen_tokens_per_s", "rollout_s", "train_s", "startup_s")
+    shown += ("warm_start",)
     table = [
         {"who": _who(r)} | {k: (f"{r[k]:.3g}" if isinstance(r[k], float) else r[k]) for k in shown}
         for r in rows

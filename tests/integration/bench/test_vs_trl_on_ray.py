@@ -5,21 +5,25 @@ from dataclasses import replace
 
 import ray
 
-from bench.vs_trl import GROUP_SIZE, MODELS, QUICK, _rollart, row
+from bench.vs_trl import GROUP_SIZE, MODELS, QUICK, ROLLART_MODES, _rollart_runs, row
 
 
-def test_a_rollart_run_reports_each_steps_phases_tokens_and_reward(tmp_path):
-    s = replace(QUICK, steps=2, warmup=1)
-    run = _rollart(s, "tiny", "single-turn", "sync", 0, tmp_path)
-    assert not ray.is_initialized()  # the Ray the run started is gone with it: the next module starts its own
+def test_rollart_runs_share_one_ray_and_report_each_steps_phases_tokens_and_reward(tmp_path):
+    s = replace(QUICK, settings=("single-turn",), steps=1, warmup=1)
+    runs = _rollart_runs(s, "tiny", tmp_path)
+    assert not ray.is_initialized()  # the runs' Ray is gone with them: the next module starts its own
 
+    # one run per mode; the first starts every process, the second rebuilds the first one's
+    assert list(runs) == [("single-turn", mode) for mode, _ in ROLLART_MODES]
+    assert [r["warm_start"] for r in runs.values()] == [False, True]
     prompts, tokens = MODELS["tiny"]
-    assert run["startup_s"] > 0 and len(run["steps"]) == 3
-    for step in run["steps"]:
-        assert 0 < step["rollout_s"] < step["step_s"]
-        assert step["train_s"] == step["step_s"] - step["rollout_s"]
-        # every step trains prompts x G completions of at most `tokens` tokens
-        assert prompts * GROUP_SIZE <= step["tokens"] <= prompts * GROUP_SIZE * tokens
-        assert 0.0 <= step["reward_mean"] <= 1.0
-    r = row("rollart", "sync", "tiny", "single-turn", run, s)
-    assert r["steps"] == 2 and r["ci_low"] <= r["step_s"] <= r["ci_high"] and r["gen_tokens_per_s"] > 0
+    for (_, mode), run in runs.items():
+        assert run["startup_s"] > 0 and len(run["steps"]) == 2
+        for step in run["steps"]:
+            assert 0 < step["rollout_s"] < step["step_s"]
+            assert step["train_s"] == step["step_s"] - step["rollout_s"]
+            # every step trains prompts x G completions of at most `tokens` tokens
+            assert prompts * GROUP_SIZE <= step["tokens"] <= prompts * GROUP_SIZE * tokens
+            assert 0.0 <= step["reward_mean"] <= 1.0
+        r = row("rollart", mode, "tiny", "single-turn", run, s)
+        assert r["steps"] == 1 and r["ci_low"] <= r["step_s"] <= r["ci_high"] and r["gen_tokens_per_s"] > 0

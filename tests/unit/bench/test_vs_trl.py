@@ -16,16 +16,16 @@ def _steps(seconds: list[float], rewards: list[float | None]) -> list[dict]:
 
 def test_a_row_measures_the_steps_after_warmup_and_when_the_reward_level_was_first_reached():
     s = FULL.__class__(steps=3, warmup=1, reward_level=0.3)
-    run = {"startup_s": 7.0, "steps": _steps([9.0, 1.0, 2.0, 3.0], [0.0, 0.1, 0.4, 0.2])}
+    run = {"startup_s": 7.0, "warm_start": True, "steps": _steps([9.0, 1.0, 2.0, 3.0], [0.0, 0.1, 0.4, 0.2])}
     r = row("rollart", "sync", "tiny", "single-turn", run, s)
     assert r["step_s"] == 2.0 and r["ci_low"] <= 2.0 <= r["ci_high"]
     assert r["gen_tokens_per_s"] == pytest.approx(300 / 6.0)  # warm-up step left out
     assert (r["rollout_s"], r["train_s"]) == (0.5, 1.5)
     assert r["time_to_reward_s"] == 12.0  # the clock runs from the first step, warm-up included
     assert (r["reward_first"], r["reward_last"], r["steps"], r["startup_s"]) == (0.0, 0.2, 3, 7.0)
-    never = row(
-        "trl", "grpo", "tiny", "single-turn", {"startup_s": 1.0, "steps": _steps([1, 1, 1, 1], [0] * 4)}, s
-    )
+    assert r["warm_start"] is True
+    trl = {"startup_s": 1.0, "warm_start": False, "steps": _steps([1, 1, 1, 1], [0] * 4)}
+    never = row("trl", "grpo", "tiny", "single-turn", trl, s)
     assert never["time_to_reward_s"] is None
 
 
@@ -95,7 +95,7 @@ def test_trl_trains_the_tiny_model_and_reports_each_steps_phases(tmp_path):
     threads = torch.get_num_threads()
     out = train(_peer(tmp_path, steps=2), str(tmp_path / "trl"))  # at 1 thread
     assert torch.get_num_threads() == threads  # the test process's setting is back
-    assert out["startup_s"] > 0 and len(out["steps"]) == 2
+    assert out["startup_s"] > 0 and len(out["steps"]) == 2 and out["warm_start"] is False
     for step in out["steps"]:
         assert (
             0 < step["rollout_s"] < step["step_s"] and step["train_s"] == step["step_s"] - step["rollout_s"]
