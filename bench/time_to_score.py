@@ -8,7 +8,8 @@ system (`Experiment` + `IterationProtocol`, as `rollart train` drives it), and s
 `eval_every` steps (the model alone: scoring needs no optimiser state). The clock runs from the first
 step's start to the last step's end, saves included (as often in every mode). Checkpoints are scored
 offline after each run on the same held-out questions by one greedy vLLM engine in this process that loads
-each checkpoint's weights (then deleted): scoring costs no run time, every mode is scored alike.
+each checkpoint's weights (then deleted; the engine is started once and kept, idle, through the
+later runs): scoring costs no run time, every mode is scored alike.
 
 - Every mode of a seed trains for the same wall time: the time its `sync+` run took for `--steps` steps
   (sync+ runs first), taking the steps that fit, up to `STEP_CAP` × `--steps`; `--fixed-steps` gives every
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench import report
 from bench.async_runs import LatencyEnvs
-from bench.checkpoint_scores import held_out_scores
+from bench.checkpoint_scores import HeldOutScorer
 from bench.time_to_score_rows import (
     TARGET_SHARE,
     auto_target,
@@ -314,7 +315,9 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
 
     runs: list[dict[str, Any]] = []
     before: float | None = None
-    with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp:
+    scorer = HeldOutScorer(s)
+    # the scorer's engine is kept from run to run, on one event loop of its own (the runs use others)
+    with tempfile.TemporaryDirectory(prefix="rollart-tts-") as tmp, asyncio.Runner() as scoring:
         try:
             with WarmWorkers() as warm:
                 # seeds outside modes: a drift in machine load spreads over all modes
@@ -330,13 +333,14 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
                         model_dir = r.pop("model_dir")
                         paths = [p.pop("path") for p in r["points"]]
                         # every run starts from the model's weights: scored once, with the first run
-                        scores = asyncio.run(held_out_scores([model_dir] * (before is None) + paths, s))
+                        scores = scoring.run(scorer.scores([model_dir] * (before is None) + paths))
                         before = scores[model_dir] if before is None else before
                         for p, path in zip(r["points"], paths, strict=True):
                             p["success"] = scores[path]
                             shutil.rmtree(path)  # ~0.5 GB each: scored, then gone
                         runs.append(r)
         finally:
+            scoring.run(scorer.close())
             ray.shutdown()
     assert before is not None
     return runs, before
