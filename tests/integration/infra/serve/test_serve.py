@@ -37,6 +37,13 @@ def make_counter() -> Callable[..., dict]:
     return counter
 
 
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def make_failing() -> Callable[..., float]:
     def fail(*args: object) -> float:
         raise RuntimeError("scorer exploded")
@@ -164,6 +171,8 @@ def test_scales_to_zero_when_idle_and_cold_starts_on_the_next_call(cluster):
     first = client.call(1)
     assert first["sum"] == 1 and replica_count("idle") == 1
     wait_until(lambda: replica_count("idle") == 0, timeout_s=20, what="scale to zero")
+    # a replica counted out is still stopping and may answer one more call: wait for its process to end
+    wait_until(lambda: _gone(first["pid"]), timeout_s=30, what="the idle replica's process ended")
     second = client.call(2)  # cold start: a new replica builds the scorer afresh
     # (under load the client may retry a first attempt that met the replica starting: `call` may be 2)
     assert second["sum"] == 2 and second["factory_calls"] == 1 and second["call"] >= 1
