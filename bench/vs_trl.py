@@ -143,16 +143,15 @@ def _rollart(
     mode: str,
     alpha: int,
     root: Path,
-    warm: WarmWorkers | None = None,
+    warm: WarmWorkers,
 ) -> dict[str, Any]:
     """One rollart run: its start-up and per-step phases. `warm`: the processes of the last run, rebuilt for
-    this one (engine/core/warm.py), on the Ray that run started; without it the run starts and stops its
-    own Ray."""
+    this one (engine/core/warm.py), on the Ray the first run started (`_rollart_runs` stops it)."""
     from engine.experiment import Experiment
     from engine.rollout.service import default_env_factory
 
     t_start = time.perf_counter()
-    cold = warm is None or warm.idle() == 0  # nothing to rebuild: every process starts from scratch
+    cold = warm.idle() == 0  # nothing to rebuild: every process starts from scratch
     cfg = _config(s, model, setting, mode, alpha, root)
     waiting = setting == "waiting-env"
     env_factory = (
@@ -185,8 +184,6 @@ def _rollart(
         begin, steps = asyncio.run(drive())
     finally:
         exp.teardown()
-        if warm is None:
-            exp.release_ray()  # a Ray that was up before stays up
     return {"startup_s": begin - t_start, "warm_start": not cold, "steps": steps}
 
 
