@@ -8,6 +8,10 @@ address is 127.0.0.1. That switch is a module constant read on each call, so it 
 the cluster starts; a cluster on several machines (`RAY_ADDRESS`) never goes through here.
 `tests/integration/engine/test_experiment_on_ray.py` lists what a run listens on and fails on a change.
 
+No worker is prestarted: Ray starts one per CPU when the driver connects, for tasks, and a run's actors
+never took them (each actor gets a process of its own), so each cluster paid ~1.4 CPU-seconds and ~100 MB
+for processes that only idled.
+
 A driver's `ray.init` also replaces the process's SIGTERM handler with one that exits; `sigterm_kept`
 keeps a handler that was there before (see its docstring).
 """
@@ -29,6 +33,8 @@ def init_local_ray(**kwargs: Any) -> Any:
     """`ray.init(**kwargs)` starting a new single-machine cluster on 127.0.0.1; returns its context."""
     if "address" in kwargs or "_node_ip_address" in kwargs:
         raise ValueError("init_local_ray starts a new cluster on loopback: no address or node address")
+    system = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+    kwargs["_system_config"] = {**system, **kwargs.get("_system_config", {})}
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:

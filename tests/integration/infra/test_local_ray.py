@@ -21,3 +21,29 @@ def test_a_real_ray_init_leaves_the_handler_in_place():
     finally:
         ray.shutdown()
         signal.signal(signal.SIGTERM, before)
+
+
+def test_no_worker_is_prestarted_and_an_actor_still_starts():
+    import psutil
+    from ray._private import ray_constants
+    from ray._private import worker as ray_worker
+
+    init_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        (raylet,) = ray_worker._global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET]
+
+        def workers() -> list[str]:  # the raylet's children but its two agents (dashboard, runtime env)
+            names = (p.name() for p in psutil.Process(raylet.process.pid).children())
+            return sorted(n for n in names if n.startswith("ray::") and not n.endswith("Agent"))
+
+        @ray.remote(num_cpus=0)
+        class Echo:
+            def ping(self) -> str:
+                return "pong"
+
+        # a prestarted worker shows up as ray::IDLE a second or two after the driver connects; by the time
+        # the actor has answered, Ray has had that long (two were there before: one per CPU, never used)
+        assert ray.get(Echo.remote().ping.remote(), timeout=120) == "pong"
+        assert workers() == ["ray::Echo"], workers()
+    finally:
+        ray.shutdown()
