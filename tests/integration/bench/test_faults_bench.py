@@ -14,5 +14,7 @@ def test_every_run_does_every_step_whole_groups_only_through_the_faults():
     for r in runs:
         assert (r["error"], r["steps_done"], r["lost"], r["partial_groups_trained"]) == ("", 2, 0, 0), r
         assert r["gen0_restarted"] and r["gen_requests_retried"] >= 1  # killed, back, its requests served
-    assert all(r["env_crashes"] + r["env_timeouts"] > 0 for r in runs if r["failure_rate"] > 0)
-    assert all(r["env_crashes"] + r["env_timeouts"] == 0 for r in runs if r["failure_rate"] == 0)
+    # injected crashes where the rate says, none at rate 0. Timeouts are not counted here: an injected hang
+    # and a call starved past `env_timeout_s` on a loaded box (seen at rate 0 in a full `make test`) look
+    # alike, and both are handled as any failure, which the whole-groups and nothing-lost checks cover
+    assert [r["env_crashes"] > 0 for r in runs] == [r["failure_rate"] > 0 for r in runs]
