@@ -8,9 +8,9 @@ address is 127.0.0.1. That switch is a module constant read on each call, so it 
 the cluster starts; a cluster on several machines (`RAY_ADDRESS`) never goes through here.
 `tests/integration/engine/test_experiment_on_ray.py` lists what a run listens on and fails on a change.
 
-No worker is prestarted: Ray starts one per CPU when the driver connects, for tasks, and a run's actors
-never took them (each actor gets a process of its own), so each cluster paid ~1.4 CPU-seconds and ~100 MB
-for processes that only idled.
+No worker is prestarted: Ray starts one per CPU when the driver connects, and a run's actors, started with
+the run's `runtime_env`, never took them (they stayed `ray::IDLE` beside the actors), so each cluster paid
+~1.4 CPU-seconds and ~100 MB for processes that only idled.
 
 A driver's `ray.init` also replaces the process's SIGTERM handler with one that exits; `sigterm_kept`
 keeps a handler that was there before (see its docstring).

@@ -42,7 +42,7 @@ def test_no_worker_is_prestarted_and_an_actor_still_starts():
                 return "pong"
 
         # a prestarted worker shows up as ray::IDLE a second or two after the driver connects; by the time
-        # the actor has answered, Ray has had that long (two were there before: one per CPU, never used)
+        # the actor has answered, Ray has had that long (with prestarting: ['ray::Echo', 'ray::IDLE'])
         assert ray.get(Echo.remote().ping.remote(), timeout=120) == "pong"
         assert workers() == ["ray::Echo"], workers()
     finally:
