@@ -1,15 +1,19 @@
-"""Decode a training micro-batch as one packed sequence: shared prompts once, no padding.
+"""Decode a training micro-batch packed: each group's prompt once, its replies after it, no padding.
 
 A micro-batch holds GRPO groups row by row: in each, the same prompt (most of each row's tokens in
 short-answer tasks) and replies of different lengths. Right-padded to the longest row, a batch forward
 spends its matrix products on every prompt once per row and on the padding after every shorter reply.
 
-`decode` packs the rows into one sequence instead. A token that a row shares with the row before it (the
-same token at the same position, after the same tokens) is packed once, by the first row that has it; so
-a group's prompt appears once and each reply after it. Each packed token attends to the packed tokens of
-its own row's earlier positions, at the position it has in that row. Causal attention makes every real
-token's hidden state the same as in the batch forward, and the gradients of every shared token are the
-sum over the rows that share it, as they would be.
+`decode` packs the rows instead. A token that a row shares with the row before it (the same token at the
+same position, after the same tokens) is packed once, by the first row that has it; so a group's prompt
+appears once and each reply after it. Each packed token attends to the packed tokens of its own row's
+earlier positions, at the position it has in that row. Causal attention makes every real token's hidden
+state the same as in the batch forward, and the gradients of every shared token are the sum over the rows
+that share it, as they would be.
+
+Rows that share nothing with the row above start a new segment (the next group), and the segments are
+decoded side by side as a batch, padded to the longest: attention scores pairs within a segment only, so
+a micro-batch of many groups costs what its groups cost apart, not the square of their total length.
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ def decode(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
     (`_packing_pays`).
     """
     if ids.shape[0] > 1 and _packable(decoder):
-        where, rows, positions = _layout(ids, attn)
-        if _packing_pays(decoder, len(rows), ids.shape):
+        pack = _Packing(ids, attn)
+        if _packing_pays(decoder, pack.shape, ids.shape):
             states = decoder(
-                input_ids=ids[rows, positions][None],
-                position_ids=positions[None],
-                attention_mask=_mask(where, rows, positions, decoder),
-            ).last_hidden_state[0]
-            return states[where.clamp(min=0)]
+                input_ids=pack.scatter(ids[pack.rows, pack.positions]),
+                position_ids=pack.scatter(pack.positions),
+                attention_mask=pack.mask(decoder),
+            ).last_hidden_state
+            return states[pack.segment, pack.index][pack.where.clamp(min=0)]
     return decoder(input_ids=ids, attention_mask=attn).last_hidden_state
 
 
@@ -54,45 +58,72 @@ def _packable(decoder: PreTrainedModel) -> bool:
     )
 
 
-def _packing_pays(decoder: PreTrainedModel, packed: int, shape: torch.Size) -> bool:
-    """Whether one sequence of `packed` tokens is no more multiply-adds than the padded `(B, T)` batch:
+def _packing_pays(decoder: PreTrainedModel, packed: tuple[int, int], shape: torch.Size) -> bool:
+    """Whether the packed `(segments, length)` batch is no more multiply-adds than the padded `(B, T)` one:
     the layers' weights once per token, and per (query, key) pair a score and a weighted value in every
-    layer's heads. Packing saves tokens but scores every pair of its one long sequence, so with a small
-    model and long rows (a multi-turn episode of hundreds of tokens) the padded batch can be the cheaper."""
+    layer's heads. Packing saves tokens but scores every pair of a segment, so with a small model and long
+    rows (a multi-turn episode of hundreds of tokens) the padded batch can be the cheaper."""
     lookup = decoder.get_input_embeddings()  # a table lookup, not a product per token
     weights = sum(p.numel() for p in decoder.parameters()) - sum(p.numel() for p in lookup.parameters())
     config = decoder.config
     heads = config.num_attention_heads
     per_pair = 2 * heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
     per_pair *= config.num_hidden_layers
-    rows, width = shape
-    return packed * weights + packed**2 * per_pair <= rows * width * weights + rows * width**2 * per_pair
+
+    def cost(rows: int, width: int) -> int:
+        return rows * width * weights + rows * width**2 * per_pair
+
+    return cost(*packed) <= cost(*shape)
 
 
-def _layout(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Where each `(row, position)` is in the packed sequence (`where`, `(B, T)`, −1 on padding), and the
-    row and position each packed token was taken from."""
-    real = attn.bool()
-    same = (ids[1:] == ids[:-1]) & real[1:] & real[:-1]  # equal to the row above, position by position
-    shared = torch.cat([same.new_zeros(1, ids.shape[1]), same.long().cumprod(dim=1).bool()])
-    own = real & ~shared  # the tokens a row adds: after its common prefix with the row above
-    rows, positions = own.nonzero(as_tuple=True)
-    where = torch.full(ids.shape, -1, dtype=torch.long, device=ids.device)
-    where[rows, positions] = torch.arange(len(rows), device=ids.device)
-    for r in range(1, ids.shape[0]):  # a shared token is the one of the row above
-        where[r] = torch.where(shared[r], where[r - 1], where[r])
-    return where, rows, positions
+class _Packing:
+    """Where each real `(row, position)` of a right-padded batch goes in the packed segments.
 
+    `rows`, `positions`: the row and position each packed token was taken from, in packing order;
+    `where` `(B, T)`: each `(row, position)`'s packed token (−1 on padding); `segment`, `index`: each
+    packed token's segment and its place in it; `shape`: `(segments, the longest segment)`.
+    """
 
-def _mask(where: Tensor, rows: Tensor, positions: Tensor, decoder: PreTrainedModel) -> Tensor:
-    """The `(1, 1, L, L)` attention mask of the packed sequence: a token sees what its row had up to it."""
-    context = where[rows]  # (L, T): the packed token at every position of each token's row
-    earlier = torch.arange(where.shape[1], device=where.device)[None] <= positions[:, None]
-    query, key = (earlier & (context >= 0)).nonzero(as_tuple=True)
-    seen = torch.zeros(len(rows), len(rows), dtype=torch.bool, device=where.device)
-    seen[query, context[query, key]] = True
-    seen = seen[None, None]
-    if decoder.config._attn_implementation == "sdpa":
-        return seen
-    dtype = decoder.dtype
-    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(~seen, torch.finfo(dtype).min)
+    def __init__(self, ids: Tensor, attn: Tensor) -> None:
+        real = attn.bool()
+        same = (ids[1:] == ids[:-1]) & real[1:] & real[:-1]  # equal to the row above, position by position
+        shared = torch.cat([same.new_zeros(1, ids.shape[1]), same.long().cumprod(dim=1).bool()])
+        own = real & ~shared  # the tokens a row adds: after its common prefix with the row above
+        self.rows, self.positions = own.nonzero(as_tuple=True)
+        self.where = torch.full(ids.shape, -1, dtype=torch.long, device=ids.device)
+        self.where[self.rows, self.positions] = torch.arange(len(self.rows), device=ids.device)
+        for r in range(1, ids.shape[0]):  # a shared token is the one of the row above
+            self.where[r] = torch.where(shared[r], self.where[r - 1], self.where[r])
+        starts = ~shared[:, 0]  # a row sharing nothing with the row above begins a segment
+        self.segment = (starts.long().cumsum(0) - 1)[self.rows]
+        sizes = torch.bincount(self.segment)
+        first = sizes.cumsum(0) - sizes  # a segment's tokens are consecutive in packing order
+        self.index = torch.arange(len(self.rows), device=ids.device) - first[self.segment]
+        self.shape = (len(sizes), int(sizes.max()))
+        self._sizes = sizes
+
+    def scatter(self, values: Tensor) -> Tensor:
+        """Per-packed-token `values` laid out as the `(segments, length)` batch, zero in the padding."""
+        out = values.new_zeros(self.shape)
+        out[self.segment, self.index] = values
+        return out
+
+    def mask(self, decoder: PreTrainedModel) -> Tensor:
+        """The `(segments, 1, length, length)` mask: a token sees what its row had up to it; a padding
+        token sees itself alone (a row with nothing to attend to would make the attention NaN)."""
+        context = self.where[self.rows]  # (L, T): the packed token at every position of each token's row
+        earlier = torch.arange(self.where.shape[1], device=context.device)[None] <= self.positions[:, None]
+        query, key = (earlier & (context >= 0)).nonzero(as_tuple=True)
+        seen = torch.zeros(
+            self.shape[0], self.shape[1], self.shape[1], dtype=torch.bool, device=context.device
+        )
+        seen[self.segment[query], self.index[query], self.index[context[query, key]]] = True
+        pad = torch.arange(self.shape[1], device=context.device)[None] >= self._sizes[:, None]  # (S, length)
+        seen |= torch.diag_embed(pad)
+        seen = seen[:, None]
+        if decoder.config._attn_implementation == "sdpa":
+            return seen
+        dtype = decoder.dtype
+        return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(
+            ~seen, torch.finfo(dtype).min
+        )

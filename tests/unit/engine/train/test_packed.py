@@ -70,7 +70,8 @@ def test_rows_share_only_what_the_row_above_has_and_one_row_takes_the_plain_forw
     attn = torch.ones_like(ids)
     attn[1, 3] = 0
     hidden = decode(decoder, ids, attn)
-    assert calls == [(1, 4 + 1 + 4 + 0 + 1)]  # an identical row adds nothing
+    # two segments side by side: 4 + 1 and 4 + 0 + 1 tokens (an identical row adds nothing)
+    assert calls == [(2, 5)]
     plain = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
     on = attn.bool()
     assert torch.allclose(hidden[on], plain[on], atol=1e-5)
@@ -95,19 +96,71 @@ def test_an_attention_that_takes_no_ready_mask_gets_the_plain_forward(
     assert torch.allclose(hidden, decoder(input_ids=ids).last_hidden_state, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_and_gradients(
+    tiny_model: Callable[..., PreTrainedModel], attention: str
+) -> None:
+    """Three groups (prompts of 14, 12 and 16 tokens, replies of different lengths) decode as three packed
+    segments in one batch, the shorter two padded: attention scores pairs within a group only, and the
+    padding changes nothing a loss sees."""
+    model = tiny_model(seed=0)
+    model.set_attn_implementation(attention)
+    decoder = model.get_decoder()
+    torch.manual_seed(3)
+    ids = torch.randint(3, 60, (7, 20))
+    ids[3, 0], ids[5, 0] = ids[0, 0] + 1, ids[0, 0] + 2  # each group's first token differs from the last's
+    ids[:3, :14] = ids[0, :14]
+    ids[3:5, :12] = ids[3, :12]
+    ids[5:, :16] = ids[5, :16]
+    attn = torch.ones_like(ids)
+    attn[1, 17:] = 0
+    attn[4, 14:] = 0
+    attn[6, 18:] = 0
+    ids[attn == 0] = 0
+    weights = torch.randn(7, 20, model.config.hidden_size) * attn[..., None]
+
+    def states_and_grads(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        hidden = run()
+        (hidden * weights).sum().backward()
+        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    calls = _shapes(decoder)
+    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn))
+    # segments of 14 + 6 + 3 + 6, 12 + 8 + 2 and 16 + 4 + 2 tokens
+    assert calls == [(3, 29)]
+    plain, plain_grads = states_and_grads(
+        lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    )
+    on = attn.bool()
+    assert torch.isfinite(packed).all()
+    assert torch.allclose(packed[on], plain[on], atol=1e-5)
+    assert packed_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.isfinite(packed_grads[name]).all(), name
+        # float32 sums in another order: within a millionth of the gradient's largest entry (up to ~600)
+        scale = float(grad.abs().max())
+        assert torch.allclose(packed_grads[name], grad, atol=1e-6 * scale, rtol=1e-4), name
+
+
 @torch.no_grad()
 def test_rows_that_packing_would_make_more_work_take_the_plain_forward(
     tiny_model: Callable[..., PreTrainedModel],
 ) -> None:
-    """Packing scores every pair of its one sequence. Two unrelated 120-token rows of a model with 18,720
-    weights outside its embedding share nothing and pack into 240 tokens whose 57,600 pairs cost more than
-    the 28,800 of the rows apart; two rows sharing a 100-token prompt pack into 140 tokens, less work."""
+    """Packing scores every pair of a segment. Two 120-token rows of a model with 18,720 weights outside its
+    embedding that share only their first token pack into one 239-token segment whose 57,121 pairs cost
+    more than the 28,800 of the rows apart; sharing a 100-token prompt they pack into 140 tokens, less work;
+    sharing nothing they are two segments of 120, the rows themselves."""
     decoder = tiny_model(seed=0).get_decoder()
     calls = _shapes(decoder)
     torch.manual_seed(2)
     ids = torch.randint(3, 60, (2, 120))
-    ids[1, 0] = ids[0, 0] + 1  # nothing shared
+    ids[1, 1] = ids[0, 1] + 1
+    ids[1, 0] = ids[0, 0]  # one token shared
     decode(decoder, ids, torch.ones_like(ids))
     ids[1, :100] = ids[0, :100]
     decode(decoder, ids, torch.ones_like(ids))
-    assert calls == [(2, 120), (1, 140)]
+    ids[1, 0] = ids[0, 0] + 1  # nothing shared
+    hidden = decode(decoder, ids, torch.ones_like(ids))
+    assert calls == [(2, 120), (1, 140), (2, 120)]
+    assert torch.allclose(hidden, decoder(input_ids=ids).last_hidden_state, atol=1e-5)
