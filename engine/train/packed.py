@@ -11,9 +11,13 @@ earlier positions, at the position it has in that row. Causal attention makes ev
 state the same as in the batch forward, and the gradients of every shared token are the sum over the rows
 that share it, as they would be.
 
-Rows that share nothing with the row above start a new segment (the next group), and the segments are
-decoded side by side as a batch, padded to the longest: attention scores pairs within a segment only, so
-a micro-batch of many groups costs what its groups cost apart, not the square of their total length.
+A row that does not share its whole prompt with the row above (given the loss mask: its tokens before its
+first action; else its first token) starts a new segment, the next group, and the segments are decoded
+side by side as a batch, padded to the longest: attention scores pairs within a segment only, so a
+micro-batch of many groups costs what its groups cost apart, not the square of their total length. (Groups
+often share a system prompt; packing them all into one sequence to decode it once cost more: the tiny
+model's 8 groups x 8 replies of 112 tokens, one 1,883-token sequence, took 0.67 s a training step on one
+thread, as 8 sequences 0.30 s.)
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from transformers import PreTrainedModel
 _MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4-D mask as it is
 
 
-def decode(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
-    """The decoder's last hidden states `(B, T, D)` over right-padded `ids` (`attn`: 1 on real tokens).
+def decode(decoder: PreTrainedModel, ids: Tensor, attn: Tensor, actions: Tensor | None = None) -> Tensor:
+    """The decoder's last hidden states `(B, T, D)` over right-padded `ids` (`attn`: 1 on real tokens;
+    `actions`: the loss mask, nonzero on action tokens, which marks each row's prompt).
 
     States at padding positions are unspecified (they carry no loss). Models whose attention is not plain
     causal self-attention over every earlier token (sliding windows, recurrent state) or takes no ready
@@ -36,7 +41,7 @@ def decode(decoder: PreTrainedModel, ids: Tensor, attn: Tensor) -> Tensor:
     (`_packing_pays`).
     """
     if ids.shape[0] > 1 and _packable(decoder):
-        pack = _Packing(ids, attn)
+        pack = _Packing(ids, attn, actions)
         if _packing_pays(decoder, pack.shape, ids.shape):
             states = decoder(
                 input_ids=pack.scatter(ids[pack.rows, pack.positions]),
@@ -84,17 +89,22 @@ class _Packing:
     packed token's segment and its place in it; `shape`: `(segments, the longest segment)`.
     """
 
-    def __init__(self, ids: Tensor, attn: Tensor) -> None:
+    def __init__(self, ids: Tensor, attn: Tensor, actions: Tensor | None = None) -> None:
         real = attn.bool()
         same = (ids[1:] == ids[:-1]) & real[1:] & real[:-1]  # equal to the row above, position by position
         shared = torch.cat([same.new_zeros(1, ids.shape[1]), same.long().cumprod(dim=1).bool()])
+        starts = ~shared[:, 0]  # a row sharing nothing with the row above begins a segment
+        if actions is not None:  # ... and so does one that does not share its whole prompt
+            acts = actions > 0
+            prompt = torch.where(acts.any(dim=1), acts.long().argmax(dim=1), real.sum(dim=1))
+            starts |= shared.sum(dim=1) < prompt
+        shared[starts] = False  # a segment's first row packs all its tokens
         own = real & ~shared  # the tokens a row adds: after its common prefix with the row above
         self.rows, self.positions = own.nonzero(as_tuple=True)
         self.where = torch.full(ids.shape, -1, dtype=torch.long, device=ids.device)
         self.where[self.rows, self.positions] = torch.arange(len(self.rows), device=ids.device)
         for r in range(1, ids.shape[0]):  # a shared token is the one of the row above
             self.where[r] = torch.where(shared[r], self.where[r - 1], self.where[r])
-        starts = ~shared[:, 0]  # a row sharing nothing with the row above begins a segment
         self.segment = (starts.long().cumsum(0) - 1)[self.rows]
         sizes = torch.bincount(self.segment)
         first = sizes.cumsum(0) - sizes  # a segment's tokens are consecutive in packing order

@@ -297,7 +297,7 @@ class TorchTrainer:
         plain = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
         if plain or head is None or decoder is None or decoder is model:
             return self._logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-        hidden = decode(decoder, ids, attn)
+        hidden = decode(decoder, ids, attn, mask)
         sel = mask[:, 1:] > 0  # token t is read from the logits at position t - 1
         logp = torch.log_softmax(head(hidden[:, :-1][sel]).float() / self.config.temperature, dim=-1)
         picked = logp.gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)

@@ -100,23 +100,27 @@ def test_an_attention_that_takes_no_ready_mask_gets_the_plain_forward(
 def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_and_gradients(
     tiny_model: Callable[..., PreTrainedModel], attention: str
 ) -> None:
-    """Three groups (prompts of 14, 12 and 16 tokens, replies of different lengths) decode as three packed
-    segments in one batch, the shorter two padded: attention scores pairs within a group only, and the
-    padding changes nothing a loss sees."""
+    """Three groups (prompts of 14, 12 and 16 tokens, the first 3 a system prompt they all share; replies
+    of different lengths) decode as three packed segments in one batch, the shorter two padded: attention
+    scores pairs within a group only, and the padding changes nothing a loss sees. Without the loss mask
+    to mark the prompts, the shared system prompt chains the groups into one sequence."""
     model = tiny_model(seed=0)
     model.set_attn_implementation(attention)
     decoder = model.get_decoder()
     torch.manual_seed(3)
     ids = torch.randint(3, 60, (7, 20))
-    ids[3, 0], ids[5, 0] = ids[0, 0] + 1, ids[0, 0] + 2  # each group's first token differs from the last's
+    ids[3, 3], ids[5, 3] = ids[0, 3] + 1, ids[0, 3] + 2  # each group's question differs from the last's
     ids[:3, :14] = ids[0, :14]
     ids[3:5, :12] = ids[3, :12]
     ids[5:, :16] = ids[5, :16]
+    ids[:, :3] = ids[0, :3]
     attn = torch.ones_like(ids)
     attn[1, 17:] = 0
     attn[4, 14:] = 0
     attn[6, 18:] = 0
     ids[attn == 0] = 0
+    actions = attn.clone()
+    actions[:3, :14], actions[3:5, :12], actions[5:, :16] = 0, 0, 0
     weights = torch.randn(7, 20, model.config.hidden_size) * attn[..., None]
 
     def states_and_grads(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -126,7 +130,11 @@ def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_
         return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     calls = _shapes(decoder)
-    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn))
+    with torch.no_grad():  # the system prompt once, each group's question and replies after it
+        chained = decode(decoder, ids, attn)
+    assert calls == [(1, 29 + 19 + 19)]
+    calls.clear()
+    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn, actions))
     # segments of 14 + 6 + 3 + 6, 12 + 8 + 2 and 16 + 4 + 2 tokens
     assert calls == [(3, 29)]
     plain, plain_grads = states_and_grads(
@@ -135,6 +143,7 @@ def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_
     on = attn.bool()
     assert torch.isfinite(packed).all()
     assert torch.allclose(packed[on], plain[on], atol=1e-5)
+    assert torch.allclose(chained[on], plain[on], atol=1e-5)
     assert packed_grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
         assert torch.isfinite(packed_grads[name]).all(), name
