@@ -127,9 +127,12 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
+    from engine.backends.vllm import set_threads
+
     hf_logging.set_verbosity_error()
     threads = torch.get_num_threads()  # the caller's, restored after training
-    torch.set_num_threads(run.threads)
+    # (`bench all` ran a vLLM engine in this process before, which made torch.set_num_threads a no-op)
+    set_threads(run.threads)
     t_start = time.perf_counter()
     config = _config(run, out_dir)
     steps: list[dict[str, Any]] = []
@@ -162,7 +165,7 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
     try:
         trainer.train()
     finally:
-        torch.set_num_threads(threads)  # the caller's setting back (a test process goes on)
+        set_threads(threads)  # the caller's setting back (a test process goes on)
     startup_s = steps[0]["begin"] - t_start
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     for step, reward in zip(steps, rewards, strict=True):

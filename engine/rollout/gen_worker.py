@@ -48,15 +48,14 @@ class GenerationWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any):
         args, kwargs = latest_args(args, kwargs)  # restarted after a `reinit`: that run's worker again
         super().__init__(*args, **kwargs)
-        import torch
 
         from engine.backends import make_backend
+        from engine.backends.vllm import set_threads
         from engine.weights.transfer import WeightPrefetcher
 
         conf = GenerationWorkerArgs.model_validate(self.config)
-        if conf.threads:  # before the engine is built. vLLM's CPU worker then makes `torch.set_num_threads` a
-            # no-op, which a process rebuilt for another run (`reinit`) would meet: torch's own function
-            torch._C.set_num_threads(conf.threads)
+        if conf.threads:  # before the engine is built; also in a process rebuilt for another run (`reinit`)
+            set_threads(conf.threads)
         spec = dict(conf.backend)
         if spec["kind"] == "hf":  # on the GPU Ray gave this worker, if any (vLLM finds it by itself)
             spec.setdefault("device", device())

@@ -89,12 +89,35 @@ def test_in_the_waiting_setting_each_reward_env_waits_and_they_wait_at_once(tmp_
     assert clock.run(timed()) == pytest.approx(0.1)  # reset + step, 50 ms each, all 8 envs at once
 
 
-def test_trl_trains_the_tiny_model_and_reports_each_steps_phases(tmp_path):
+def test_trl_trains_the_tiny_model_and_reports_each_steps_phases(tmp_path, monkeypatch):
+    """At its own thread count, also after a vLLM engine in this process (as in `bench all`) made
+    torch.set_num_threads a no-op."""
     import torch
 
+    from bench import trl_peer
+
     threads = torch.get_num_threads()
-    out = train(_peer(tmp_path, steps=2), str(tmp_path / "trl"))  # at 1 thread
-    assert torch.get_num_threads() == threads  # the test process's setting is back
+    seen = []  # the thread count while TRL scores its completions
+    real = trl_peer.env_reward
+
+    def spy(run):
+        inner = real(run)
+
+        async def reward(**kw):
+            seen.append(torch.get_num_threads())
+            return await inner(**kw)
+
+        return reward
+
+    monkeypatch.setattr(trl_peer, "env_reward", spy)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM's CPU worker leaves
+    torch._C.set_num_threads(2)
+    try:
+        out = train(_peer(tmp_path, steps=2), str(tmp_path / "trl"))  # at 1 thread
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2  # the caller's setting is back
+    finally:
+        torch._C.set_num_threads(threads)
     assert out["startup_s"] > 0 and len(out["steps"]) == 2 and out["warm_start"] is False
     for step in out["steps"]:
         assert (
