@@ -21,6 +21,16 @@ def _shapes(decoder: torch.nn.Module) -> list[tuple[int, ...]]:
     return calls
 
 
+def _states_and_grads(
+    model: PreTrainedModel, weights: torch.Tensor, run: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The hidden states `run` returns and the parameters' gradients of their `weights`-weighted sum."""
+    model.zero_grad(set_to_none=True)
+    hidden = run()
+    (hidden * weights).sum().backward()
+    return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_shared_prompt_is_decoded_once_and_the_replies_packed_with_the_same_states_and_gradients(
     tiny_model: Callable[..., PreTrainedModel], attention: str
@@ -39,18 +49,12 @@ def test_a_shared_prompt_is_decoded_once_and_the_replies_packed_with_the_same_st
     ids[attn == 0] = 0
     weights = torch.randn(5, 20, model.config.hidden_size) * attn[..., None]
 
-    def states_and_grads(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        hidden = run()
-        (hidden * weights).sum().backward()
-        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
     calls = _shapes(decoder)
-    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn))
+    packed, packed_grads = _states_and_grads(model, weights, lambda: decode(decoder, ids, attn))
     # one sequence: the prompt once, then the 11 + 5 + 11 + 2 + 11 tokens after it, and no padding
     assert calls == [(1, 9 + 40)]
-    plain, plain_grads = states_and_grads(
-        lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    plain, plain_grads = _states_and_grads(
+        model, weights, lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
     )
     on = attn.bool()
     assert torch.allclose(packed[on], plain[on], atol=1e-5)
@@ -123,22 +127,16 @@ def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_
     actions[:3, :14], actions[3:5, :12], actions[5:, :16] = 0, 0, 0
     weights = torch.randn(7, 20, model.config.hidden_size) * attn[..., None]
 
-    def states_and_grads(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        hidden = run()
-        (hidden * weights).sum().backward()
-        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
     calls = _shapes(decoder)
     with torch.no_grad():  # the system prompt once, each group's question and replies after it
         chained = decode(decoder, ids, attn)
     assert calls == [(1, 29 + 19 + 19)]
     calls.clear()
-    packed, packed_grads = states_and_grads(lambda: decode(decoder, ids, attn, actions))
+    packed, packed_grads = _states_and_grads(model, weights, lambda: decode(decoder, ids, attn, actions))
     # segments of 14 + 6 + 3 + 6, 12 + 8 + 2 and 16 + 4 + 2 tokens
     assert calls == [(3, 29)]
-    plain, plain_grads = states_and_grads(
-        lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    plain, plain_grads = _states_and_grads(
+        model, weights, lambda: decoder(input_ids=ids, attention_mask=attn).last_hidden_state
     )
     on = attn.bool()
     assert torch.isfinite(packed).all()
