@@ -131,7 +131,7 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
 
     hf_logging.set_verbosity_error()
     threads = torch.get_num_threads()  # the caller's, restored after training
-    # (`bench all` ran a vLLM engine in this process before, which made torch.set_num_threads a no-op)
+    # (in `bench all` a vLLM engine may have run in this process, which makes torch.set_num_threads a no-op)
     set_threads(run.threads)
     t_start = time.perf_counter()
     config = _config(run, out_dir)

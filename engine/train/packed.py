@@ -64,7 +64,8 @@ def _packable(decoder: PreTrainedModel) -> bool:
 
 
 def _packing_pays(decoder: PreTrainedModel, packed: tuple[int, int], shape: torch.Size) -> bool:
-    """Whether the packed `(segments, length)` batch is no more multiply-adds than the padded `(B, T)` one:
+    """Whether the packed `(segments, length)` batch is fewer multiply-adds than the padded `(B, T)` one (at a
+    tie, e.g. rows that share nothing, the plain forward does the same work without building a mask):
     the layers' weights once per token, and per (query, key) pair a score and a weighted value in every
     layer's heads. Packing saves tokens but scores every pair of a segment, so with a small model and long
     rows (a multi-turn episode of hundreds of tokens) the padded batch can be the cheaper."""
@@ -78,7 +79,7 @@ def _packing_pays(decoder: PreTrainedModel, packed: tuple[int, int], shape: torc
     def cost(rows: int, width: int) -> int:
         return rows * width * weights + rows * width**2 * per_pair
 
-    return cost(*packed) <= cost(*shape)
+    return cost(*packed) < cost(*shape)
 
 
 class _Packing:

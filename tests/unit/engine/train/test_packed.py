@@ -157,7 +157,7 @@ def test_rows_that_packing_would_make_more_work_take_the_plain_forward(
     """Packing scores every pair of a segment. Two 120-token rows of a model with 18,720 weights outside its
     embedding that share only their first token pack into one 239-token segment whose 57,121 pairs cost
     more than the 28,800 of the rows apart; sharing a 100-token prompt they pack into 140 tokens, less work;
-    sharing nothing they are two segments of 120, the rows themselves."""
+    sharing nothing they would be two segments of 120, the rows themselves: the plain forward."""
     decoder = tiny_model(seed=0).get_decoder()
     calls = _shapes(decoder)
     torch.manual_seed(2)
