@@ -145,9 +145,10 @@ def test_groups_of_one_micro_batch_are_packed_side_by_side_with_the_same_states_
     assert packed_grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
         assert torch.isfinite(packed_grads[name]).all(), name
-        # float32 sums in another order: within a millionth of the gradient's largest entry (up to ~600)
+        # float32 sums in another order (seen: 3e-7 of the gradient's largest entry, up to ~600); a wrong
+        # mask or position is off by a sizeable fraction of it
         scale = float(grad.abs().max())
-        assert torch.allclose(packed_grads[name], grad, atol=1e-6 * scale, rtol=1e-4), name
+        assert torch.allclose(packed_grads[name], grad, atol=1e-5 * scale, rtol=1e-4), name
 
 
 @torch.no_grad()
