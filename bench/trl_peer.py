@@ -127,7 +127,7 @@ def train(run: PeerRun, out_dir: str) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
-    from engine.backends.vllm import set_threads
+    from engine.backends.threads import set_threads
 
     hf_logging.set_verbosity_error()
     threads = torch.get_num_threads()  # the caller's, restored after training

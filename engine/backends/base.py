@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.types import GenOutput, GenRequest
+
+if TYPE_CHECKING:  # a modelled backend's worker never imports torch (~1 s of its start-up)
+    import torch
 
 
 class GenerationBackend(ABC):

@@ -66,12 +66,6 @@ class _Pending:
     logprobs: list[float] = field(default_factory=list)
 
 
-def set_threads(n: int) -> None:
-    """Set torch's intra-op thread count, also in a process that built a vLLM engine: vLLM's CPU worker
-    replaces `torch.set_num_threads` with a no-op that only warns, so this calls torch's own function."""
-    torch._C.set_num_threads(n)
-
-
 class VLLMBackend(GenerationBackend):
     """Continuous-batching generation on vLLM's `LLMEngine` (see the module docstring)."""
 

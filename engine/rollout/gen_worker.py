@@ -40,6 +40,12 @@ REUSABLE_BACKENDS = ("hf", "modelled")
 CPU_REUSABLE_BACKENDS = ("vllm",)
 
 
+def _on_cpu() -> bool:
+    import torch  # (here, not at the top: a modelled backend's worker never needs it)
+
+    return not torch.cuda.is_available()
+
+
 class GenerationWorker(Worker):
     """config: the fields of `engine/rollout/gen_worker_args.py` `GenerationWorkerArgs`."""
 
@@ -50,18 +56,22 @@ class GenerationWorker(Worker):
         super().__init__(*args, **kwargs)
 
         from engine.backends import make_backend
-        from engine.backends.vllm import set_threads
-        from engine.weights.transfer import WeightPrefetcher
 
         conf = GenerationWorkerArgs.model_validate(self.config)
         if conf.threads:  # before the engine is built; also in a process rebuilt for another run (`reinit`)
+            from engine.backends.threads import set_threads  # (torch: not imported by a modelled worker)
+
             set_threads(conf.threads)
         spec = dict(conf.backend)
         if spec["kind"] == "hf":  # on the GPU Ray gave this worker, if any (vLLM finds it by itself)
             spec.setdefault("device", device())
         self.backend: GenerationBackend = make_backend(spec.pop("kind"), **spec)
         store = conf.store
-        self.prefetcher = WeightPrefetcher(open_store(store), conf.run_id) if store else None
+        self.prefetcher: WeightPrefetcher | None = None
+        if store:  # (torch, which the prefetcher needs: imported only then)
+            from engine.weights.transfer import WeightPrefetcher
+
+            self.prefetcher = WeightPrefetcher(open_store(store), conf.run_id)
         kill = conf.kill_after_requests
         self.requests = 0
         again = restarted()
@@ -74,11 +84,8 @@ class GenerationWorker(Worker):
         on a CPU) and not a restarted incarnation (its constructor rejoins a run): close the engine, hand
         the store client back (kept open for a next run on the same store); `reinit` builds them anew from
         the next run's config."""
-        import torch
-
         kind = self.config["backend"]["kind"]
-        on_cpu = not torch.cuda.is_available()
-        if restarted() or not (kind in REUSABLE_BACKENDS or (on_cpu and kind in CPU_REUSABLE_BACKENDS)):
+        if restarted() or not (kind in REUSABLE_BACKENDS or (kind in CPU_REUSABLE_BACKENDS and _on_cpu())):
             return False
         await self.backend.close()
         if self.prefetcher is not None:
