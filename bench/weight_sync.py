@@ -7,7 +7,8 @@ process) packs the state dict into buckets and pushes them with `WeightPublisher
 bucket as it lands; then the *window* (the rollout the protocol overlaps with the pull); then `update`
 waits for what is left of the pull (the *exposed* pull, timed inside the worker).
 
-The window is one batch's rollout, measured first unless `--window-s` gives it: the median `wait_batch_s`
+The window is one batch's rollout, measured first unless `--window-s` gives it (or, in `rollart bench all`,
+async-modes ran the same workload before: the median of its sync+ runs): the median `wait_batch_s`
 of 3 `sync+` steps (rollout alone) of `async-modes`' workload (`bench.async_runs`: tiny Qwen2, HF
 generation, 4 groups x G=4, 4 turns, env latency N(150, 50) ms). That bounds the protocol's window from
 above: in the continuous modes training overlaps rollout, and a batch ready when training ends leaves
@@ -118,6 +119,32 @@ def summarize(key: dict[str, Any], steps: Sequence[dict[str, Any]], seed: int) -
         "hidden_max": statistics.median(s["pull_s"] / (s["push_s"] + s["pull_s"]) for s in steps),
         "n_steps": len(steps),
     }
+
+
+WORKLOAD = ("size", "group_size", "batch_groups", "concurrency", "turns", "max_turns", "max_tokens", "env_ms",
+            "env_sigma_ms", "store")  # fmt: skip  # the fields of `measure_window`'s run that shape a rollout
+
+
+def window_from_async_modes(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The window from an `async-modes` payload: the median rollout of its sync+ runs (each run's mean
+    `wait_batch_s`), when they ran `measure_window`'s workload; else None."""
+    from bench.async_runs import RunSettings
+
+    config, runs, mine = payload.get("config", {}), payload.get("runs", {}).get("sync+"), RunSettings()
+    if not runs or any(config.get(k) != getattr(mine, k) for k in WORKLOAD):
+        return None
+    rollout = [float(r["wait_batch_s"]) for r in runs]
+    source = f"async-modes' sync+ rollout, median of its {len(rollout)} runs in this suite"
+    return {"window_s": statistics.median(rollout), "source": source, "rollout_s": rollout}
+
+
+def suite_args(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    """In `rollart bench all`, after the benchmarks before it: unless `--window-s` is given, the window comes
+    from async-modes' sync+ runs when they ran its workload (the measurement `measure_window` would only
+    repeat, over more steps and seeds)."""
+    payload = results.get("async-modes", {}).get("payload")
+    if getattr(args, "window_s", None) is None and payload:
+        args.window_measured = window_from_async_modes(payload)
 
 
 def measure_window(seed: int) -> dict[str, Any]:
@@ -367,7 +394,11 @@ def _note(s: Settings, window: dict[str, Any], rows: list[dict[str, Any]]) -> st
 def run(args: argparse.Namespace) -> dict[str, Any]:
     s = report.pick_settings(args, FULL, QUICK)
     load_before = os.getloadavg()
-    window = {"window_s": s.window_s, "source": "given"} if s.window_s is not None else measure_window(s.seed)
+    window = (
+        {"window_s": s.window_s, "source": "given"}
+        if s.window_s is not None
+        else getattr(args, "window_measured", None) or measure_window(s.seed)  # (`suite_args`)
+    )
     measured = _measure_all(s, window["window_s"])
     load_after = os.getloadavg()
     rows = [{k: v for k, v in r.items() if k != "steps"} for r in measured]

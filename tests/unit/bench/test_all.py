@@ -406,3 +406,21 @@ def test_headlines_without_what_they_compare_with() -> None:
         {"rows": [rollart], "ideal": None}
     )  # no sync: no speedup; no sync+: no ideal
     assert (step["value"], step["ideal"]) == (4.0, None)
+
+
+def test_a_benchmarks_suite_args_sees_the_results_of_those_run_before_it(tmp_path, monkeypatch) -> None:
+    first, second = _fake("fake_first", fail=False), _fake("fake_second", fail=False)
+    seen: dict[str, Any] = {}
+
+    def suite_args(args: argparse.Namespace, before: dict[str, Any]) -> None:
+        seen.update(before)
+        args.size = before["first"]["payload"]["rows"][0]["x"] + 1
+
+    second.suite_args = suite_args
+    monkeypatch.setitem(sys.modules, "fake_first", first)
+    monkeypatch.setitem(sys.modules, "fake_second", second)
+    monkeypatch.setattr(bench, "BENCHMARKS", {"first": "fake_first", "second": "fake_second"})
+    args = argparse.Namespace(quick=True, json=None, out=str(tmp_path / "r"), skip="")
+    summary = bench_all.run(args)
+    assert list(seen) == ["first"]
+    assert summary["results"]["second"]["payload"]["rows"][0]["size"] == 2

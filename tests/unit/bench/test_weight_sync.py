@@ -154,3 +154,38 @@ def test_registered_with_the_cli():
 
     args = _parser().parse_args(["bench", "weight-sync", "--json", "w.json", "--bucket-mb", "8"])
     assert (args.name, args.quick, args.json, args.bucket_mb) == ("weight-sync", False, "w.json", (8,))
+
+
+def _async_modes(**config) -> dict:
+    """An async-modes payload: its config on the default workload, three sync+ runs' mean rollouts."""
+    from dataclasses import asdict
+
+    from bench.async_runs import RunSettings
+
+    runs = [{"wait_batch_s": x} for x in (1.3, 1.1, 1.25)]
+    return {"config": asdict(RunSettings()) | {"rounds": 3, "steps": 3} | config, "runs": {"sync+": runs}}
+
+
+def test_in_bench_all_the_window_comes_from_async_modes_sync_plus_runs_on_the_same_workload(monkeypatch):
+    monkeypatch.setattr(weight_sync, "measure_window", lambda seed: pytest.fail("measured again"))
+    monkeypatch.setattr(weight_sync, "_measure_all", lambda s, window_s: _rows(window_s))
+    monkeypatch.setattr(weight_sync, "_plot", lambda rows, path: "w.png")
+    args = parser().parse_args(["--quick"])
+    weight_sync.suite_args(args, {"async-modes": {"payload": _async_modes()}})
+    payload = weight_sync.run(args)
+    assert payload["window"]["window_s"] == 1.25 and payload["window"]["rollout_s"] == [1.3, 1.1, 1.25]
+    assert "async-modes' sync+ rollout, median of its 3 runs" in payload["window"]["source"]
+    assert [r["window_s"] for r in payload["rows"]] == [1.25] * 2
+
+
+@pytest.mark.parametrize(
+    "payload", [_async_modes(env_ms=100.0), _async_modes(store="ray"), {"config": {}, "runs": {}}]
+)
+def test_another_workload_or_no_sync_plus_runs_give_no_window(payload):
+    assert weight_sync.window_from_async_modes(payload) is None
+
+
+def test_a_given_window_wins_over_async_modes():
+    args = parser().parse_args(["--window-s", "0.5"])
+    weight_sync.suite_args(args, {"async-modes": {"payload": _async_modes()}})
+    assert getattr(args, "window_measured", None) is None
