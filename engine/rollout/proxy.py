@@ -86,6 +86,7 @@ class LLMProxy:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._sent: dict[str, GenSlot] = {}  # request id -> the worker serving it, while it is there
 
     # -- routing -----------------------------------------------------------------------------------
     def _route(self, req: GenRequest) -> GenSlot:
@@ -143,6 +144,7 @@ class LLMProxy:
         w.calls += 1
         self._in_flight += 1
         self._idle.clear()
+        self._sent[req.request_id] = w
         try:
             return await w.generate(req)
         except asyncio.CancelledError:
@@ -150,6 +152,7 @@ class LLMProxy:
                 await asyncio.shield(w.abort(req.request_id))
             raise
         finally:
+            self._sent.pop(req.request_id, None)
             w.outstanding -= 1
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -175,7 +178,10 @@ class LLMProxy:
     # -- reuse across runs (engine/core/warm.py) -----------------------------------------------------
     async def retire(self, drain_s: float = 5.0) -> bool:
         """Let go of this run's workers and counts, so the process can route another run's, once the
-        requests the stopped rollout left in flight have finished; False if they outlast `drain_s`."""
+        requests the stopped rollout left in flight have ended: they are aborted first (their trajectories
+        were cancelled, nobody reads them; a sync+ run's next batch left generating took 4.4 s to finish
+        a SmolLM2 run's teardown); False if they outlast `drain_s`."""
+        await asyncio.gather(*(w.abort(rid) for rid, w in list(self._sent.items())), return_exceptions=True)
         try:
             await asyncio.wait_for(self._idle.wait(), drain_s)
         except TimeoutError:

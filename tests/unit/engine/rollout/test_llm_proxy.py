@@ -140,13 +140,14 @@ async def test_cancelled_request_is_aborted_on_its_worker():
 
 
 async def test_a_retired_proxy_waits_for_its_last_requests_then_routes_only_the_next_runs_workers():
-    """Reuse across runs (engine/core/warm.py): `retire` declines while a request stays in flight past its
-    bound, waits for the stopped run's last ones, and `reinit` routes only the next run's workers, with
-    no count or sticky route of the last run."""
+    """Reuse across runs (engine/core/warm.py): `retire` aborts the stopped run's requests still in flight,
+    declines while one stays in flight past its bound, waits for the last ones, and `reinit` routes only
+    the next run's workers, with no count or sticky route of the last run."""
     p, engines = proxy()
     last = asyncio.ensure_future(p.generate(req("a", traj="t1")))
     await settled()
-    assert await p.retire(drain_s=0) is False  # still in flight
+    assert await p.retire(drain_s=0) is False  # still in flight (this engine ignores an abort)
+    assert [e.aborted for e in engines.values() if e.aborted] == [["a"]]
     retiring = asyncio.ensure_future(p.retire(drain_s=60))
     await settled()
     assert not retiring.done()
@@ -161,3 +162,25 @@ async def test_a_retired_proxy_waits_for_its_last_requests_then_routes_only_the_
     assert list(nxt.gates) == ["b"]
     nxt.release_all()
     assert (await task).worker == "n0" and p.summary()["requests"] == 1
+
+
+async def test_retire_aborts_what_the_stopped_rollout_left_in_flight_and_does_not_wait_for_it():
+    """An engine's abort ends its request at once (finish_reason "abort"), as vLLM's and HF's do: retire
+    returns as soon as every such request has ended, not when they would have finished decoding."""
+
+    class Aborting(Engine):
+        async def generate(self, req: GenRequest) -> GenOutput:
+            out = await super().generate(req)
+            return GenOutput(req.request_id, [], [], 0, "abort") if req.request_id in self.aborted else out
+
+        async def abort(self, request_id: str) -> None:
+            await super().abort(request_id)
+            self.gates.setdefault(request_id, asyncio.Event()).set()
+
+    engines = [Aborting(n) for n in ("b0", "b1")]
+    p = LLMProxy([GenSlot(e.name, "gpu-bandwidth", e, capacity=4) for e in engines])
+    left = [asyncio.ensure_future(p.generate(req(f"r{i}"))) for i in range(5)]
+    await settled()
+    assert await asyncio.wait_for(p.retire(drain_s=60), 5) is True
+    assert sorted(r for e in engines for r in e.aborted) == ["r0", "r1", "r2", "r3", "r4"]
+    assert {o.finish_reason for o in await asyncio.gather(*left)} == {"abort"}
