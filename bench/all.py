@@ -8,14 +8,11 @@ that fails (e.g. proxy-overhead without vLLM) is reported with its error and the
 without a `headline` function, or whose `headline` raises, is named in the headline table.
 
 The benchmarks on the simulated clock (`bench/clock.py`: their figures do not depend on the machine's load)
-run in their own processes, `SIMULATED_AT_ONCE` at a time and each with its output in DIR/NAME.log, at the
-scheduler's idle priority (`idle_priority`), while the wall-clock ones run here one after another. The
-wall-clock ones leave about half of this machine's two cores idle (a sync mode generates, then trains; an
-env waits), and the simulated ones run only on CPU time nothing else wants: the quick suite no longer waits
-~90 s for them first. What they can still take from a wall-clock benchmark: a waking thread that finds its
-core running one of them preempts it at once (SCHED_IDLE), but shares caches and memory bandwidth with it;
-measured here, a 2-thread matmul loop was not slower beside two idle-priority busy loops, and one thread that
-alternates 20 matmuls with a 20 ms sleep was 3% slower (1.47 vs 1.52 s).
+run first, `SIMULATED_AT_ONCE` at a time, each in its own process with its output in DIR/NAME.log; then the
+wall-clock ones, one after another with the machine to themselves. (Running the simulated ones beside the
+wall-clock ones at the scheduler's idle priority saved ~90 s of the quick suite, but on this VM it did not
+isolate them: proxy-overhead's ratio, the first wall-clock benchmark, read 0.895 and 0.866 in two such suites
+against 0.955 and 0.990 alone. A busy vCPU is not an idle one to the host.)
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import os
 import sys
 import time
 import traceback
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -164,52 +161,28 @@ def _run_logged(name: str, path: str, quick: bool, out: Path) -> dict[str, Any]:
             sys.stderr.flush()
 
 
-def idle_priority() -> None:
-    """Pool initializer: run this process at the scheduler's idle priority (Linux `SCHED_IDLE`: only on
-    CPU time no other process wants; elsewhere the lowest nice value)."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
-        os.nice(19)
-
-
-def _done(name: str, future: Future[dict[str, Any]]) -> dict[str, Any]:
-    """A simulated benchmark's result from its pool future (an error result if its process died)."""
-    try:
-        return future.result()
-    except Exception:  # its process died (and with it the pool: those after it fail alike)
-        return {"error": traceback.format_exc(limit=3), "seconds": 0.0}
-
-
 def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run every benchmark in `names` (name -> module path): the simulated-clock ones in a pool at idle
-    priority while the wall-clock ones run here (module doc); their results and modules by name, in the
-    order of `names`."""
+    """Run every benchmark in `names` (name -> module path), the simulated-clock ones side by side first
+    (module doc); their results and modules by name, in the order of `names`."""
     modules = {name: importlib.import_module(path) for name, path in names.items()}
     simulated = [n for n, m in modules.items() if clock_of(m) == "virtual"]
     results: dict[str, dict[str, Any]] = {}
-    # a fresh process per benchmark (spawned, not forked: this process may hold threads)
-    with ProcessPoolExecutor(
-        SIMULATED_AT_ONCE, mp_context=get_context("spawn"), max_tasks_per_child=1, initializer=idle_priority
-    ) as pool:
-        if simulated:
-            print(
-                f"simulated clock, {SIMULATED_AT_ONCE} at a time at idle priority beside the wall-clock ones "
-                f"({', '.join(simulated)}; logs: {out}/*.log)",
-                flush=True,
-            )
-        futures = {n: pool.submit(_run_logged, n, names[n], quick, out) for n in simulated}
-        for n, future in futures.items():
-            future.add_done_callback(lambda f, n=n: _report(n, _done(n, f)))
-        for n in names:
-            if n not in futures:
-                results[n] = _run_one(n, names[n], quick, out, results)
-        results |= {n: _done(n, f) for n, f in futures.items()}
+    if simulated:
+        print(f"simulated clock, {SIMULATED_AT_ONCE} at a time: {', '.join(simulated)} (logs: {out}/*.log)")
+        # a fresh process per benchmark (spawned, not forked: this process may hold threads)
+        context = get_context("spawn")
+        with ProcessPoolExecutor(SIMULATED_AT_ONCE, mp_context=context, max_tasks_per_child=1) as pool:
+            futures = {n: pool.submit(_run_logged, n, names[n], quick, out) for n in simulated}
+            for n, future in futures.items():
+                try:
+                    results[n] = r = future.result()
+                except Exception:  # its process died (and with it the pool: those after it fail alike)
+                    results[n] = r = {"error": traceback.format_exc(limit=3), "seconds": 0.0}
+                print(f"{n}: {'failed' if 'error' in r else 'done'} in {r['seconds']:.0f} s", flush=True)
+    for n in names:
+        if n not in results:
+            results[n] = _run_one(n, names[n], quick, out, results)
     return {n: results[n] for n in names}, modules
-
-
-def _report(name: str, result: dict[str, Any]) -> None:
-    print(f"{name}: {'failed' if 'error' in result else 'done'} in {result['seconds']:.0f} s", flush=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
