@@ -22,6 +22,7 @@ inputs it never sees at inference.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, str]
+
+# Rendered and tokenised texts kept per ChatFormat (an env's observations often repeat: its instructions,
+# a synthetic env's every turn, a task's questions across a group's G members): a bound on what is kept.
+CACHED_TEXTS = 4096
 
 # Probe texts: plain words tokenise the same in any context; the <think> tags expose templates that strip
 # or reformat reasoning in assistant messages.
@@ -54,6 +59,9 @@ class ChatFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tok = tokenizer
+        # first's and next's tokenised renderings by their texts (tuples: a caller gets its own list)
+        self._opening = lru_cache(maxsize=CACHED_TEXTS)(self._opening_ids)
+        self._user_turn = lru_cache(maxsize=CACHED_TEXTS)(self._user_turn_ids)
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("tokenizer has no chat template: its chat framing is unknown")
         try:
@@ -94,11 +102,19 @@ class ChatFormat:
 
     def first(self, instructions: str, observation: str) -> list[int]:
         """The opening context: the system message (only if `instructions`), the user turn, the prompt."""
-        system = [_msg("system", instructions)] if instructions else []
-        return self._enc(self._render([*system, _msg("user", observation)], generation_prompt=True))
+        return list(self._opening(instructions, observation))
 
     def next(self, observation: str, last_action_ids: list[int]) -> list[int]:
         """Context tokens after an action: close the assistant turn, then the new user turn and the prompt."""
+        close = self._after_stop if last_action_ids[-1:] == [self.stop_id] else self._close_ids
+        return close + list(self._user_turn(observation))
+
+    def _opening_ids(self, instructions: str, observation: str) -> tuple[int, ...]:
+        system = [_msg("system", instructions)] if instructions else []
+        return tuple(self._enc(self._render([*system, _msg("user", observation)], generation_prompt=True)))
+
+    def _user_turn_ids(self, observation: str) -> tuple[int, ...]:
+        """The new user turn and the generation prompt, after a closed assistant turn."""
         text = self._render([*self._base, _msg("user", observation)], generation_prompt=True)
         if not text.startswith(self._base_text):
             at = _first_difference(text, self._base_text)
@@ -106,8 +122,7 @@ class ChatFormat:
                 "chat template cannot be rendered incrementally: a new user turn changes the earlier ones "
                 f"at character {at}: {self._base_text[at : at + 40]!r} becomes {text[at : at + 40]!r}"
             )
-        close = self._after_stop if last_action_ids[-1:] == [self.stop_id] else self._close_ids
-        return close + self._enc(text[len(self._base_text) :])
+        return tuple(self._enc(text[len(self._base_text) :]))
 
     def decode(self, action_ids: list[int]) -> str:
         return str(self.tok.decode(action_ids, skip_special_tokens=True))

@@ -196,3 +196,26 @@ def test_a_template_that_rejects_the_probe_conversation_is_refused() -> None:
     refusal = "chat template fails on a probe conversation: System role not supported"
     with pytest.raises(ValueError, match=refusal):
         ChatFormat(with_template(template))
+
+
+def test_a_repeated_text_is_rendered_and_tokenised_once_and_each_caller_gets_its_own_list(
+    monkeypatch,
+) -> None:
+    chat = ChatFormat(with_template(SMOL_TEMPLATE))
+    rendered: list[bool] = []
+    render = chat._render
+    monkeypatch.setattr(
+        chat, "_render", lambda m, generation_prompt: rendered.append(True) or render(m, generation_prompt)
+    )
+    stop = [chat.stop_id]
+    first, again = chat.first(INSTRUCTIONS, OBSERVATIONS[0]), chat.first(INSTRUCTIONS, OBSERVATIONS[0])
+    turn, turn_again = chat.next(OBSERVATIONS[1], stop), chat.next(OBSERVATIONS[1], stop)
+    assert len(rendered) == 2 and first == again and turn == turn_again
+    first.append(-1)
+    turn.append(-1)
+    assert (
+        chat.first(INSTRUCTIONS, OBSERVATIONS[0]) == again and chat.next(OBSERVATIONS[1], stop) == turn_again
+    )
+    # the close still follows the action: one cut off before the stop token gets the whole close first
+    assert chat.next(OBSERVATIONS[1], [5]) == chat._close_ids + turn_again[len(chat._after_stop) :]
+    assert len(rendered) == 2
