@@ -45,12 +45,12 @@ from subprocess import PIPE, Popen
 from typing import Any
 
 from bench import report
+from bench.sync_window import measure_window, window_from_async_modes
 
 MiB = 1 << 20
 PAPER_HIDDEN = (0.67, 0.78)
 TARGET_HIDDEN = 0.9
 WINDOWS = ("idle", "loaded")
-WINDOW_STEPS = 3  # measured sync+ steps (after one warm-up) whose median rollout is the window
 TIMES = ("push_s", "pack_s", "pull_s", "pull_in_push_s", "exposed_pull_s")
 
 
@@ -121,23 +121,6 @@ def summarize(key: dict[str, Any], steps: Sequence[dict[str, Any]], seed: int) -
     }
 
 
-WORKLOAD = ("size", "group_size", "batch_groups", "concurrency", "turns", "max_turns", "max_tokens", "env_ms",
-            "env_sigma_ms", "store")  # fmt: skip  # the fields of `measure_window`'s run that shape a rollout
-
-
-def window_from_async_modes(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The window from an `async-modes` payload: the median rollout of its sync+ runs (each run's mean
-    `wait_batch_s`), when they ran `measure_window`'s workload; else None."""
-    from bench.async_runs import RunSettings
-
-    config, runs, mine = payload.get("config", {}), payload.get("runs", {}).get("sync+"), RunSettings()
-    if not runs or any(config.get(k) != getattr(mine, k) for k in WORKLOAD):
-        return None
-    rollout = [float(r["wait_batch_s"]) for r in runs]
-    source = f"async-modes' sync+ rollout, median of its {len(rollout)} runs in this suite"
-    return {"window_s": statistics.median(rollout), "source": source, "rollout_s": rollout}
-
-
 def suite_args(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
     """In `rollart bench all`, after the benchmarks before it: unless `--window-s` is given, the window comes
     from async-modes' sync+ runs when they ran its workload (the measurement `measure_window` would only
@@ -145,16 +128,6 @@ def suite_args(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
     payload = results.get("async-modes", {}).get("payload")
     if getattr(args, "window_s", None) is None and payload:
         args.window_measured = window_from_async_modes(payload)
-
-
-def measure_window(seed: int) -> dict[str, Any]:
-    """The window: the median rollout of `WINDOW_STEPS` real `sync+` steps (module doc)."""
-    from bench.async_runs import RunSettings, run_all
-
-    s = RunSettings(warmup=1, steps=WINDOW_STEPS, rounds=1, seed=seed)
-    [[run]] = run_all(s, [("sync+", 0)])
-    rollout = [float(m["wait_batch_s"]) for m in run["steps"]]
-    return {"window_s": statistics.median(rollout), "source": "measured: sync+ rollout", "rollout_s": rollout}
 
 
 # -- the measurement ---------------------------------------------------------------------------------
