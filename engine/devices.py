@@ -26,6 +26,7 @@ tokens on). Compute is always 2 FLOPs per *active* parameter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache, partial
 
 TERA = 1e12
 GB = 1e9
@@ -276,9 +277,27 @@ def decode_steps_s(
     sequence grew by one token per step), so the sum is exact without looping — what lets the modelled
     backend advance many steps at once.
     """
-    kv = model.kv_bytes_per_token / (device.hbm_bytes_per_s * tp * mbu)
-    read = steps * batch_context_tokens + seqs * steps * (steps - 1) / 2
-    return steps * _gemm_s(model, device, seqs, tp, mfu, mbu) + kv * read
+    return DecodeCost(model, device, tp, mfu=mfu, mbu=mbu)(batch_context_tokens, steps, seqs)
+
+
+class DecodeCost:
+    """`decode_steps_s` of one engine (`model` on `tp` x `device` at `mfu`/`mbu`), the same numbers, for a
+    caller that asks at every iteration (the modelled backend): the KV read's rate is computed once, and the
+    weight GEMMs' time of each batch size is remembered (`GEMM_SIZES` sizes at most, least recent dropped).
+    """
+
+    GEMM_SIZES = 1024
+
+    def __init__(
+        self, model: ModelProfile, device: DeviceProfile, tp: int = 1, *, mfu: float = 1.0, mbu: float = 1.0
+    ) -> None:
+        self.kv_s = model.kv_bytes_per_token / (device.hbm_bytes_per_s * tp * mbu)  # s per KV token read
+        self.gemm_s = lru_cache(self.GEMM_SIZES)(partial(_gemm_s, model, device, tp=tp, mfu=mfu, mbu=mbu))
+
+    def __call__(self, batch_context_tokens: int, steps: int, seqs: int) -> float:
+        """Seconds of `steps` decode steps of `seqs` sequences holding `batch_context_tokens` of KV."""
+        read = steps * batch_context_tokens + seqs * steps * (steps - 1) / 2
+        return steps * self.gemm_s(seqs) + self.kv_s * read
 
 
 def kv_transfer_s(model: ModelProfile, tokens: int, link_bytes_per_s: float) -> float:

@@ -50,11 +50,10 @@ from engine.backends.base import GenerationBackend
 from engine.backends.pacing import Pacer, clock
 from engine.backends.prefix_cache import PrefixCache
 from engine.devices import (
+    DecodeCost,
     DeviceProfile,
     ModelProfile,
     attention_pairs,
-    decode_step_s,
-    decode_steps_s,
     kv_capacity_tokens,
     prefill_only_s,
 )
@@ -143,6 +142,7 @@ class ModelledBackend(GenerationBackend):
         self._output_tokens = output_tokens
         self._seed = seed
         self._pacer = Pacer(time_scale, min_sleep_s)
+        self._decode_s = DecodeCost(model, device, tp, mfu=mfu, mbu=mbu)
         self._inflight: dict[str, ModelledSeq] = {}
         self._waiting: deque[ModelledSeq] = deque()  # waiting for KV memory
         self._ready: list[ModelledSeq] = []  # admitted, to join the decode batch at the next iteration
@@ -284,6 +284,30 @@ class ModelledBackend(GenerationBackend):
 
     def _iterate(self) -> list[ModelledSeq]:
         """Prefill the admitted, then decode steps of the batch to the next finish (or the sleep budget)."""
+        cost = self._prefill() if self._stale or self._ready else 0.0
+        finishing = self._finishing
+        while finishing and finishing[0][2].finish_reason:  # aborted while running
+            heapq.heappop(finishing)
+        if batch := len(self._running):
+            context = self._context
+            first = self._decode_s(context, 1, batch)
+            steps = min(finishing[0][0] - self._step, max(1, int((self._pacer.budget_s() - cost) / first)))
+            cost += first if steps == 1 else self._decode_s(context, steps, batch)
+            self._step += steps
+            self._context = context + batch * steps
+        self._busy_s += cost
+        self._pacer.owe(cost)
+        done = []
+        while finishing and finishing[0][0] <= self._step:
+            seq = heapq.heappop(finishing)[2]
+            if not seq.finish_reason:
+                self._leave(seq, "length" if seq.target == seq.request.sampling.max_tokens else "stop")
+                done.append(seq)
+        return done
+
+    def _prefill(self) -> float:
+        """The admitted join the batch (after new weights, every running context is computed again): the
+        prefill's modelled seconds."""
         each: list[int] = []  # (query, key) pairs of each request prefilled here
         prefill = 0
         if self._stale:  # new weights: every running context is computed again
@@ -300,30 +324,7 @@ class ModelledBackend(GenerationBackend):
                 prefill += seq.prefill_tokens
                 each.append(attention_pairs(seq.prefill_tokens, seq.cached_tokens))
         self._ready.clear()
-        cost = self._prefill_cost(prefill, sum(each), max(each, default=0))
-        while self._finishing and self._finishing[0][2].finish_reason:  # aborted while running
-            heapq.heappop(self._finishing)
-        if self._running:
-            batch = len(self._running)
-            first = decode_step_s(
-                self.model, self.device, self._context, self.tp, seqs=batch, mbu=self.mbu, mfu=self.mfu
-            )
-            within_budget = max(1, int((self._pacer.budget_s() - cost) / first))
-            steps = min(self._finishing[0][0] - self._step, within_budget)
-            cost += decode_steps_s(
-                self.model, self.device, self._context, steps, self.tp, seqs=batch, mbu=self.mbu, mfu=self.mfu
-            )
-            self._step += steps
-            self._context += batch * steps
-        self._busy_s += cost
-        self._pacer.owe(cost)
-        done = []
-        while self._finishing and self._finishing[0][0] <= self._step:
-            seq = heapq.heappop(self._finishing)[2]
-            if not seq.finish_reason:
-                self._leave(seq, "length" if seq.target == seq.request.sampling.max_tokens else "stop")
-                done.append(seq)
-        return done
+        return self._prefill_cost(prefill, sum(each), max(each, default=0))
 
     def _lookup(self, seq: ModelledSeq) -> None:
         """Split the prompt into cached and to-be-prefilled tokens."""

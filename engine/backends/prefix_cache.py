@@ -19,16 +19,18 @@ class PrefixCache:
         if cached is None:
             return 0
         self._tokens -= len(cached)
-        n = len(cached)
-        if n <= len(prompt) and prompt[:n] == cached:  # the usual case, a grown context: one copy, not two
+        n = min(len(cached), len(prompt))
+        # The entry is the cache's own and leaves it: cut or extend it to the prompt's length and compare the
+        # two whole, one pass over the context (a slice of the prompt would copy all of it first).
+        del cached[n:]
+        cached += prompt[n:]
+        if cached == prompt:  # the usual case, a grown context
             return n
-        n = min(n, len(prompt))
-        if cached[:n] == prompt[:n]:
-            return n
-        return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=False)) if a != b)
+        return next(i for i, (a, b) in enumerate(zip(cached, prompt, strict=True)) if a != b)
 
     def store(self, trajectory_id: str, ids: list[int], limit: int) -> None:
-        """Keep `ids` as the trajectory's entry, evicting the least recently used to stay within `limit`."""
+        """Keep `ids` as the trajectory's entry, evicting the least recently used to stay within `limit`; the
+        cache owns `ids` from now on (`take` reshapes it)."""
         if not trajectory_id:
             return
         old = self._entries.pop(trajectory_id, None)

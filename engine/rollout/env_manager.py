@@ -169,5 +169,5 @@ class EnvManager:
                 return self._end(traj, TrajStatus.DONE)
             obs = step.observation
             obs_ids = self.chat.next(str(obs), out.token_ids) + self._prefix_ids
-            context = context + out.token_ids + obs_ids
+            context = [*context, *out.token_ids, *obs_ids]  # one copy: `a + b + c` makes two, each O(context)
         return self._truncate(traj, "max_turns")
