@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +17,9 @@ class HeldOutScorer:
     directory's weights in place as a generation worker takes a new version (fp32 greedy vLLM answers as
     HF does, token for token: tests/integration/engine/backends/test_vllm.py; ~2.5x faster here).
 
-    The engine is built by the first `scores` call, or in the background from `begin` (e.g. while a run's
-    workers start: `wait` before its clock starts), and kept until `close`, so a benchmark that scores
-    after every run starts it once (~10 s each time here). Every `scores` call must run on the same event
-    loop (the engine's client lives on it): e.g. one `asyncio.Runner` for all of them."""
+    The engine is built by the first `scores` call and kept until `close`, so a benchmark that scores
+    after every run starts it once (~10 s each time here). Every call must run on the same event loop (the
+    engine's client lives on it): e.g. one `asyncio.Runner` for all of them."""
 
     def __init__(self, s: Settings) -> None:
         self.s = s
@@ -31,20 +28,6 @@ class HeldOutScorer:
         self._spec: Any = None
         self.versions = 0  # weights loaded so far (each load is a new engine version)
         self.started = 0  # engines built so far
-        self._building: Future[None] | None = None  # `begin`'s build, until `wait` collects it
-
-    def begin(self, model_dir: str) -> None:
-        """Build the engine for `model_dir` in a background thread; nothing if it is built or building."""
-        if self._engine is None and self._building is None:
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer-start")
-            self._building = pool.submit(self._start, model_dir)
-            pool.shutdown(wait=False)  # the thread ends with the build
-
-    def wait(self) -> None:
-        """Until `begin`'s build is done; its error, if it failed, is raised here."""
-        building, self._building = self._building, None
-        if building is not None:
-            building.result()
 
     def _start(self, model_dir: str) -> None:
         import torch
@@ -56,9 +39,7 @@ class HeldOutScorer:
         from engine.rollout.chat import ChatFormat
 
         s = self.s
-        cfg = load_config(
-            Path(s.config), [*s.shape, *s.overrides, f"tasks.0.eval_problems={s.eval_problems}"]
-        )
+        cfg = load_config(Path(s.config), [*s.overrides, f"tasks.0.eval_problems={s.eval_problems}"])
         [self._spec] = task_specs(cfg)
         torch.set_num_threads(os.cpu_count() or 1)  # before the engine: vLLM pins the count it finds
         self._engine = make_backend(
@@ -74,7 +55,6 @@ class HeldOutScorer:
 
         from engine.evaluate import evaluate
 
-        self.wait()
         if self._engine is None:
             self._start(paths[0])
         out = {}
@@ -88,8 +68,6 @@ class HeldOutScorer:
         return out
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):  # a failed build: raised by `wait` on the benchmark's own path
-            self.wait()
         if self._engine is not None:
             await self._engine.close()
             self._engine = None

@@ -66,8 +66,17 @@ STEP_CAP = 3  # a run with a wall-time budget takes at most this many times --st
 # many versions late its samples were, and how much their importance weights kept of them), so a mode that
 # learns less per step shows why. Each record also carries the run's selection bias so far
 # (engine/rollout/selection.py: trained against started mean turns, tokens and success).
-PER_STEP: tuple[str, ...] = ("step_s", "wait_batch_s", "train_s", "update_s", "reward_mean", "staleness_mean")
-PER_STEP += ("is_weight_mean", "is_truncated_frac", "batch_action_tokens")
+PER_STEP = (
+    "step_s",
+    "wait_batch_s",
+    "train_s",
+    "update_s",
+    "reward_mean",
+    "staleness_mean",
+    "is_weight_mean",
+    "is_truncated_frac",
+    "batch_action_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,6 @@ class Settings:
     wait_sigma_ms: float = 50.0
     target: float | None = None
     fixed_steps: bool = False  # True: every mode `steps` steps; False: sync+'s wall time for them
-    shape: Sequence[str] = ()  # config fields of a scaled-down workload (--quick), before `overrides`
     overrides: Sequence[str] = ()  # config fields set for every run, as `rollart train --set`
 
 
@@ -103,8 +111,6 @@ QUICK = replace(
     layouts=("split",),
     steps=2,  # sync+'s two steps, each mode in their wall time: the whole path, to one checkpoint
     eval_problems=40,
-    # the quickstart's task, replies and group size, half the groups per step (and envs to serve them)
-    shape=("train.batch_groups=2", "rollout.concurrency=16"),
 )
 
 
@@ -187,7 +193,6 @@ def run_config(
             f"train.seed={seed}",
             f"train.steps={steps}",
             f"tasks.0.eval_problems={s.eval_problems}",
-            *s.shape,
             *s.overrides,
             *_layout(layout),
         ],
@@ -231,13 +236,11 @@ def _train(
     root: Path,
     budget_s: float | None = None,
     warm: WarmWorkers | None = None,
-    scorer: HeldOutScorer | None = None,
 ) -> dict[str, Any]:
     """Train one run, `s.steps` steps or, given a budget, until it is spent (at most STEP_CAP × as many);
     returns its checkpoints with the training time and tokens each was reached at. `warm`: processes
     of the last run to rebuild for this one (engine/core/warm.py; the clock starts at the first step
-    either way). `scorer`: its engine is built while the run's workers start (once), and is ready before
-    the first step."""
+    either way)."""
     from engine.experiment import Experiment
     from engine.rollout.service import default_env_factory
 
@@ -252,12 +255,8 @@ def _train(
     try:
         exp.provision()
         model_dir = exp.prepare_model()
-        if scorer is not None:
-            scorer.begin(model_dir)
         exp.start_weight_store()
         exp.start_actors(env_factory=env_factory)
-        if scorer is not None:
-            scorer.wait()  # nothing else runs on the clock
         points, phases = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s))
     finally:
         exp.teardown()
@@ -330,7 +329,7 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
                             if s.fixed_steps or mode == "sync+"
                             else budgets(runs).get((setting, layout, seed))
                         )
-                        r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget, warm, scorer)
+                        r = _train(s, setting, layout, mode, alpha, seed, Path(tmp), budget, warm)
                         model_dir = r.pop("model_dir")
                         paths = [p.pop("path") for p in r["points"]]
                         # every run starts from the model's weights: scored once, with the first run

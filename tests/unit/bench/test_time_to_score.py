@@ -218,19 +218,3 @@ def test_fixed_steps_is_off_unless_asked_and_the_row_says_how_long_each_run_trai
     r = run("rollart", 1, 0, [0.1, 0.2, 0.3]) | {"budget_s": 25.0}
     row = tsr.time_to_target(r, 0.3)
     assert (row["steps"], row["budget_s"], row["time_to_target_s"]) == (6, 25.0, 30.0)
-
-
-def test_quick_halves_the_groups_per_step_and_a_set_field_still_overrides_it(tmp_path):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    tts.add_arguments(parser)
-    quick = report.pick_settings(parser.parse_args(["--quick"]), tts.FULL, tts.QUICK)
-    cfg = tts.run_config(quick, "waiting", "split", "sync+", 0, 0, tmp_path, 2)
-    full = tts.run_config(tts.FULL, "waiting", "split", "sync+", 0, 0, tmp_path, 2)
-    assert (cfg.train.batch_groups, cfg.rollout.concurrency) == (2, 16)
-    assert (full.train.batch_groups, full.rollout.concurrency) == (4, 32)
-    assert cfg.tasks[0].group_size == full.tasks[0].group_size == 8  # the same groups, fewer of them
-    given = report.pick_settings(
-        parser.parse_args(["--quick", "--set", "train.batch_groups=3"]), tts.FULL, tts.QUICK
-    )
-    assert tts.run_config(given, "waiting", "split", "sync+", 0, 0, tmp_path, 2).train.batch_groups == 3
