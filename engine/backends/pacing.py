@@ -45,23 +45,9 @@ class Pacer:
         if self.debt <= 0:
             await asyncio.sleep(0)  # let arrivals in even when running on credit
             return
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        # `asyncio.sleep(self.debt)` inline, the same timer and wake-up: an engine pays every few modelled ms
-        woken = loop.create_future()
-        timer = loop.call_at(t0 + self.debt, _wake, woken)
-        try:
-            await woken
-        except asyncio.CancelledError:
-            timer.cancel()
-            raise
-        self.debt -= loop.time() - t0
+        t0 = clock()
+        await asyncio.sleep(self.debt)
+        self.debt -= clock() - t0
 
     def reset(self) -> None:
         self.debt = 0.0
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    """The pacer's timer: end its sleep, unless the sleeping task was cancelled meanwhile."""
-    if not future.cancelled():
-        future.set_result(None)
