@@ -178,15 +178,18 @@ def runner(ack_timeout_s: float = CANCEL_ACK_S) -> Any:
     return serving
 
 
-async def stop_runner(serving: Any) -> None:
-    """Stop a `runner()`: cancel its runs in flight, each once it can hear the cancel, and pause its schedule.
+async def stop_runner(serving: Any, started: asyncio.Task[None]) -> None:
+    """Stop a `runner()` whose `start()` is the task `started`: cancel its runs in flight, each once it can
+    hear the cancel, pause its schedule, and return once `started` has ended.
 
     A run still starting cannot: its SIGTERM would land before the run installed Prefect's handler (the
     process dies, nothing recorded), or after that but before the runner saw the run connect, where the
     run takes it for a crash and its hook counts a failure. So first wait until each run the runner
     launched listens on its control channel or has ended (at most as long as the runner waits for an ack).
     A run still deaf after that finds its id among the stopped runs (flows/runner_stop.py) when its crash
-    hook runs."""
+    hook runs, and so do the crash hooks the runner itself runs for a run killed before it could report
+    (they run after its process exited, after `astop` may have returned: the marks are kept until the
+    runner has finished, which a CI run saw answered with an extra run when they were not)."""
     deadline = time.monotonic() + serving._control_channel._ack_timeout
     while time.monotonic() < deadline:
         runs = list(serving._control_channel._registrations.values())
@@ -194,7 +197,8 @@ async def stop_runner(serving: Any) -> None:
             break
         await asyncio.sleep(0.1)
     mark_stopped(serving._process_manager.flow_run_ids())
-    await serving.astop()  # returns once each run's process has exited: no hook is left to read the marks
+    await serving.astop()
+    await started  # its runs' tasks have ended, their crash hooks too: no hook is left to read the marks
     release_stop_dir()
 
 
@@ -222,7 +226,7 @@ async def _serve(dep: Any) -> None:
         await asyncio.sleep(0.1)
     if stop.is_set() and serving_runner.started:
         print("stopping: cancelling the runs in flight and pausing the schedule")
-        await stop_runner(serving_runner)
+        await stop_runner(serving_runner, serving)
     await serving
 
 
