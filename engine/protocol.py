@@ -9,7 +9,7 @@
                    so the cached context is recomputed under the new weights)
     6 train_step — overlaps rollout in one-off, areal and rollart (sync, sync+: no wave is out), and
                    steps 2–5: the batch is taken, so training does not wait for the workers' update;
-                   then the new version is published and prefetched
+                   then the new version is packed and prefetched, its push going on in the background
 
 Modes are the same code with different overlap (`engine/modes.py` `ModePolicy`): `sync`/`sync+` keep
 rollout out of training (one gated wave per step, `on_policy`; `sync` runs each wave in lockstep turns),
@@ -97,7 +97,11 @@ class IterationProtocol:
         _, pub = await asyncio.gather(
             self._each_worker(lambda w: w.prefetch, version), acall(self.c.trainer.publish)
         )
-        return {"push_s": pub["push_s"], "weight_bytes": pub["bytes"]}
+        return {
+            "publish_s": pub["pack_s"] + pub["push_wait_s"],  # the trainer's path; the push goes on alone
+            "push_s": pub["last_push_s"],  # the store writes of the version published before this one
+            "weight_bytes": pub["bytes"],
+        }
 
     async def _apply(self, version: int) -> dict[str, float]:
         """Steps 2–4: suspend, update every worker in place, resume."""

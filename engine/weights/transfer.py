@@ -46,7 +46,14 @@ def latest_key(run_id: str) -> str:
 
 
 class WeightPublisher:
-    """Trainer side: bucketise a state dict, push it, keep only the newest `keep_last` versions."""
+    """Trainer side: bucketise a state dict, push it, keep only the newest `keep_last` versions.
+
+    `publish` packs and pushes before it returns. `publish_async` returns once the state dict is packed
+    (copied into the publisher's buckets: the trainer may change its weights from then on) and pushes the
+    buckets on a background thread, so the store writes overlap whatever the trainer does next; the
+    prefetching workers read each bucket as it lands either way. One push runs at a time: the next
+    publish, `wait` and `forget` first wait for it (its buckets are the ones the next pack reuses), and
+    an error it raised is raised there."""
 
     def __init__(self, store: WeightStore, run_id: str, keep_last: int = 2) -> None:
         if keep_last < 1:
@@ -54,38 +61,68 @@ class WeightPublisher:
         self.store, self.run_id, self.keep_last = store, run_id, keep_last
         self._versions: set[int] = set()  # versions this publisher has in the store
         self._packed: list[memoryview] = []  # the last publish's buckets: every store copies what it puts
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-push")
+        self._pushing: Future[dict[str, float]] | None = None
 
     def publish(
         self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
     ) -> dict[str, float]:
         """Push `version`, manifest first, buckets in order. Returns {pack_s, push_s, bytes, buckets}."""
+        packed = self.publish_async(state_dict, version, bucket_bytes)
+        pushed = self.wait()
+        assert pushed is not None  # the push publish_async just started
+        return {k: packed[k] for k in ("pack_s", "bytes", "buckets")} | {"push_s": pushed["push_s"]}
+
+    def publish_async(
+        self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
+    ) -> dict[str, float]:
+        """Pack `version` and start its push. Returns {pack_s, push_wait_s, last_push_s, bytes, buckets}:
+        `push_wait_s` is the wait for the previous push to end (on the caller's path, as the pack is),
+        `last_push_s` how long that push wrote (0 where none ran)."""
         t0 = time.perf_counter()
+        last = self.wait()
+        t1 = time.perf_counter()
         manifest, buckets = make_buckets(state_dict, bucket_bytes, version, reuse=self._packed)
         self._packed = buckets
-        t1 = time.perf_counter()
+        self._pushing = self._pool.submit(self._push, manifest, buckets, version)
+        return {
+            "pack_s": time.perf_counter() - t1,
+            "push_wait_s": t1 - t0,
+            "last_push_s": last["push_s"] if last else 0.0,
+            "bytes": float(manifest.total_bytes),
+            "buckets": float(manifest.num_buckets),
+        }
+
+    def wait(self) -> dict[str, float] | None:
+        """Wait for the push in flight, if any; its {push_s, pushed_at} (`perf_counter` at its end), or None
+        where none was started since the last wait."""
+        pushing, self._pushing = self._pushing, None
+        return None if pushing is None else pushing.result()
+
+    def _push(self, manifest: Manifest, buckets: list[memoryview], version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
         self.store.delete_prefix(version_prefix(self.run_id, version))  # a retried publish starts clean
         self.store.put(manifest_key(self.run_id, version), manifest.to_json().encode())
         for i, data in enumerate(buckets):
             if data.nbytes:
                 self.store.put(bucket_key(self.run_id, version, i), data)
         self.store.put(latest_key(self.run_id), str(version).encode())
-        t2 = time.perf_counter()
+        t1 = time.perf_counter()
         self._versions.add(version)
         for old in sorted(v for v in self._versions if v <= version - self.keep_last):
             self.store.delete_prefix(version_prefix(self.run_id, old))
             self._versions.discard(old)
-        return {
-            "pack_s": t1 - t0,
-            "push_s": t2 - t1,
-            "bytes": float(manifest.total_bytes),
-            "buckets": float(manifest.num_buckets),
-        }
+        return {"push_s": t1 - t0, "pushed_at": t1}
 
     def forget(self) -> int:
         """Remove every key of this run from the store (its versions and `latest`): what a store that
         serves the next run must not keep. Returns how many keys were removed."""
-        self._versions.clear()
-        return self.store.delete_prefix(f"{self.run_id}/")
+        try:
+            self.wait()  # a push in flight would write its keys after the delete; one that failed raises
+        finally:
+            self._versions.clear()
+            removed = self.store.delete_prefix(f"{self.run_id}/")
+        return removed
 
 
 class WeightPrefetcher:

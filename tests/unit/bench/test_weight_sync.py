@@ -6,10 +6,10 @@ import pytest
 
 from bench import weight_sync
 from bench.report import median_ci, pick_settings
+from bench.weight_rig import CpuLoad
 from bench.weight_sync import (
     FULL,
     QUICK,
-    CpuLoad,
     MiB,
     add_arguments,
     hidden_fraction,
@@ -52,11 +52,12 @@ def test_layer_shapes_fill_the_size_with_whole_layers(mb):
     assert 0.75 * mb * MiB <= nbytes <= 1.25 * mb * MiB
 
 
-def test_hidden_fraction_counts_the_push_as_waited_for():
-    # push 0.1, pull 0.4 of which the update waited 0.1: 1 - (0.1 + 0.1) / 0.5
-    assert hidden_fraction(0.1, 0.4, 0.1) == pytest.approx(0.6)
-    assert hidden_fraction(0.5, 0.5, 0.0) == pytest.approx(0.5)  # a wholly hidden pull hides only itself
-    assert hidden_fraction(0.2, 0.6, 0.6) == pytest.approx(0.0)  # the update waited for the whole pull
+def test_hidden_fraction_counts_what_the_trainer_and_the_update_waited_for():
+    # on path 0.01, push 0.1, pull 0.4 of which the update waited 0.1: 1 - (0.01 + 0.1) / 0.5
+    assert hidden_fraction(0.01, 0.1, 0.4, 0.1) == pytest.approx(0.78)
+    assert hidden_fraction(0.0, 0.5, 0.5, 0.0) == pytest.approx(1.0)  # nobody waited: all of it hidden
+    assert hidden_fraction(0.5, 0.5, 0.5, 0.0) == pytest.approx(0.5)  # a push on the path hides nothing
+    assert hidden_fraction(0.0, 0.2, 0.6, 0.8) == pytest.approx(0.0)  # the update waited for all of it
 
 
 def test_pull_in_push_is_the_reading_before_the_push_ended():
@@ -66,10 +67,11 @@ def test_pull_in_push_is_the_reading_before_the_push_ended():
     assert pull_in_push(pulled, push_end=10.0) == pytest.approx(0.0)  # all of it afterwards
 
 
-def _step(push: float, pull: float, exposed: float) -> dict[str, float]:
+def _step(push: float, pull: float, exposed: float, on_path: float = 0.1) -> dict[str, float]:
     return {
         "push_s": push,
         "pack_s": 0.01,
+        "push_on_path_s": on_path,
         "pull_s": pull,
         "pull_in_push_s": pull / 2,
         "exposed_pull_s": exposed,
@@ -81,7 +83,7 @@ def _step(push: float, pull: float, exposed: float) -> dict[str, float]:
 def test_summarize_gives_medians_and_the_interval_over_steps():
     steps = [_step(0.2, 0.6, 0.0), _step(0.4, 0.8, 0.2), _step(0.1, 0.3, 0.3)]
     row = summarize({"store": "ray", "window": "idle"}, steps, seed=3)
-    per_step = [1 - 0.2 / 0.8, 1 - 0.6 / 1.2, 1 - 0.4 / 0.4]  # 0.75, 0.5, 0.0
+    per_step = [1 - 0.1 / 0.8, 1 - 0.3 / 1.2, 1 - 0.4 / 0.4]  # 0.875, 0.75, 0.0
     med, low, high = median_ci(per_step, 3)
     assert row == {
         "store": "ray",
@@ -90,16 +92,17 @@ def test_summarize_gives_medians_and_the_interval_over_steps():
         "buckets": 4,
         "push_s": pytest.approx(0.2),
         "pack_s": pytest.approx(0.01),
+        "push_on_path_s": pytest.approx(0.1),
         "pull_s": pytest.approx(0.6),
         "pull_in_push_s": pytest.approx(0.3),
         "exposed_pull_s": pytest.approx(0.2),
-        "hidden_fraction": pytest.approx(0.5),
+        "hidden_fraction": pytest.approx(0.75),
         "ci_low": pytest.approx(low),
         "ci_high": pytest.approx(high),
-        "hidden_max": pytest.approx(0.75),  # median of 0.75, 0.667, 0.75
+        "hidden_max": pytest.approx(0.875),  # 1 - on path / (push + pull): median of 0.875, 0.917, 0.75
         "n_steps": 3,
     }
-    assert med == pytest.approx(0.5) and low < 0.5 < high
+    assert med == pytest.approx(0.75) and low < 0.75 < high
 
 
 def test_the_window_is_the_median_measured_rollout(monkeypatch):

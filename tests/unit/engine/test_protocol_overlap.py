@@ -67,7 +67,7 @@ class Trainer:
         return {"loss": 0.5}
 
     def publish(self) -> dict[str, float]:
-        return {"push_s": 0.01, "bytes": 8.0}
+        return {"pack_s": 0.02, "push_wait_s": 0.005, "last_push_s": 0.01, "bytes": 8.0}
 
 
 def _protocol(fail: bool = False) -> tuple[IterationProtocol, Rollout, Proxy, Worker]:

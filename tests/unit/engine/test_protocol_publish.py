@@ -27,7 +27,7 @@ class Trainer:
 
     def publish(self) -> dict[str, float]:
         self.restarting.back.set()  # the restarting worker is back only once the publish has begun
-        return {"push_s": 0.01, "bytes": 8.0}
+        return {"pack_s": 0.02, "push_wait_s": 0.005, "last_push_s": 0.01, "bytes": 8.0}
 
 
 async def test_the_publish_does_not_wait_for_the_prefetch_of_a_worker_being_restarted():
@@ -43,5 +43,5 @@ async def test_the_publish_does_not_wait_for_the_prefetch_of_a_worker_being_rest
         restart_wait_s=2.0,
     )
     out = await proto._publish_and_prefetch()
-    assert out == {"push_s": 0.01, "weight_bytes": 8.0}
+    assert out == {"publish_s": 0.025, "push_s": 0.01, "weight_bytes": 8.0}
     assert live.prefetched == restarting.prefetched == [1] and proto.unavailable == set()

@@ -97,6 +97,61 @@ def test_publish_clears_the_version_then_writes_the_manifest_first_and_buckets_i
     assert timings["push_s"] >= 0 and timings["pack_s"] >= 0
 
 
+class GatedPuts(InMemoryStore):
+    """A store whose bucket writes wait for `gate` (a slow link), or raise `fail` if it is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.fail: Exception | None = None
+
+    def put(self, key: str, data: Buffer) -> None:
+        if "bucket" in key:
+            assert self.gate.wait(10)
+            if self.fail:
+                raise self.fail
+        super().put(key, data)
+
+
+def test_an_async_publish_returns_once_packed_and_pushes_while_the_trainer_changes_its_weights() -> None:
+    """The trainer's path is the pack: the weights may change right after it, and what lands in the store
+    (read by a pull that started before the push) is the version as it was packed. The next publish waits
+    for the push before it reuses the buckets, and reports it."""
+    store = GatedPuts()
+    publisher = WeightPublisher(store, "run")
+    weights = state_dict(1)
+    packed = publisher.publish_async(weights, version=1, bucket_bytes=512)
+    assert packed["bytes"] == 512 + 72 and packed["last_push_s"] == 0.0 and packed["push_wait_s"] >= 0
+    for t in weights.values():
+        t.zero_()  # the next optimiser step
+    prefetcher = WeightPrefetcher(store, "run")
+    prefetcher.start(1)  # polls for each bucket as it lands
+    assert not store.exists(bucket_key("run", 1, 0)) and prefetcher.latest() is None  # still pushing
+    store.gate.set()
+    tensors, _ = prefetcher.wait(1)
+    assert_same(tensors, state_dict(1))
+    second = publisher.publish_async(state_dict(2), version=2, bucket_bytes=512)
+    assert second["last_push_s"] > 0  # v1's push, which this publish waited for if it still ran
+    assert publisher.wait() is not None and prefetcher.latest() == 2
+    assert publisher.wait() is None  # nothing in flight
+    prefetcher.close()
+
+
+def test_a_failed_background_push_is_raised_by_the_next_publish_and_forget_still_clears_the_run() -> None:
+    store = GatedPuts()
+    publisher = WeightPublisher(store, "run")
+    publisher.publish_async(state_dict(1), version=1, bucket_bytes=512)
+    store.fail = OSError("link down")
+    store.gate.set()
+    with pytest.raises(OSError, match="link down"):
+        publisher.publish_async(state_dict(2), version=2, bucket_bytes=512)
+    store.fail = None
+    publisher.publish(state_dict(2), version=2, bucket_bytes=512)  # a retry after the failure goes through
+    publisher.publish_async(state_dict(3), version=3, bucket_bytes=512)
+    assert publisher.forget() > 0  # waits for v3's push: nothing of the run is written after the delete
+    assert not store.exists("run/latest") and not store.exists(manifest_key("run", 3))
+
+
 def test_only_the_last_k_versions_stay_in_the_store() -> None:
     store = InMemoryStore()
     publisher = WeightPublisher(store, "run", keep_last=2)
