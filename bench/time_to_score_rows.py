@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 from bench import report
@@ -43,9 +44,11 @@ def auto_target(runs: list[dict[str, Any]], before: float) -> float:
 
 def time_to_target(run: dict[str, Any], target: float) -> dict[str, Any]:
     """The JSON row of one run: when its first checkpoint at or above `target` was reached, after how many
-    steps, and the run's mean step time (its training wall time over its steps)."""
+    steps, and the run's mean step time (its training wall time over its steps); apart, its first step
+    (which warms every process up in any mode) and the mean of the steps after it."""
     hit = next((p for p in run["points"] if p["success"] >= target), None)
     last = run["points"][-1]
+    first = run["phases"][0]["step_s"]
     return {
         "setting": run["setting"],
         "layout": run["layout"],
@@ -59,6 +62,8 @@ def time_to_target(run: dict[str, Any], target: float) -> dict[str, Any]:
         "steps_to_target": hit["step"] if hit else None,
         "steps": last["step"],
         "step_s": last["train_wall_s"] / last["step"],
+        "first_step_s": first,
+        "later_step_s": (last["train_wall_s"] - first) / (last["step"] - 1) if last["step"] > 1 else None,
         "budget_s": run.get("budget_s"),
         "final_success": last["success"],
     }
@@ -74,7 +79,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The time to the target is steps × step time, so two more figures say which of them a speedup comes
     from: the median steps to the target (a miss counted as never, as the time) and
     `step_speedup_vs_sync_plus`, sync+'s median step time over the mode's (how much faster it steps,
-    whatever it learns per step)."""
+    whatever it learns per step); `later_step_speedup_vs_sync_plus` the same for the steps after the first
+    (a start-up every mode pays: the speedup the steps tend to as a run gets longer)."""
     groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["setting"], r["layout"], r["mode"], r["alpha"]), []).append(r)
@@ -98,6 +104,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "max_s": max(times, default=None),
                 "steps_to_target": _finite(steps),
                 "step_s": statistics.median(r["step_s"] for r in rs),
+                "later_step_s": _median_known(r["later_step_s"] for r in rs),
             }
         )
     base = {(o["setting"], o["layout"]): o for o in out if o["mode"] == "sync+"}
@@ -107,7 +114,15 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             b["median_s"] / o["median_s"] if b and b["median_s"] and o["median_s"] else None
         )
         o["step_speedup_vs_sync_plus"] = b["step_s"] / o["step_s"] if b else None
+        later = (b["later_step_s"], o["later_step_s"]) if b else (None, None)
+        o["later_step_speedup_vs_sync_plus"] = later[0] / later[1] if None not in later else None
     return out
+
+
+def _median_known(xs: Iterable[float | None]) -> float | None:
+    """The median of the values that are not None; None where none is."""
+    known = [x for x in xs if x is not None]
+    return statistics.median(known) if known else None
 
 
 def _finite(x: float) -> float | None:
@@ -130,6 +145,7 @@ def table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
             "steps": report.or_dash(o["steps_to_target"]),
             "step s": report.or_dash(o["step_s"], ".1f"),
             "step ×sync+": report.or_dash(o["step_speedup_vs_sync_plus"], ".2f"),
+            "later ×sync+": report.or_dash(o["later_step_speedup_vs_sync_plus"], ".2f"),
         }
         for o in summary
     ]

@@ -3,7 +3,7 @@
 Per store (Mooncake on a local master, or the Ray object store), model size and bucket size, the real
 weight path publishes one version per step (wall clock) in the protocol's order: a generation-side Ray
 actor (another process) starts the `WeightPrefetcher` pull of the version; the trainer side (this
-process) packs the state dict into buckets and hands them to `WeightPublisher.publish_async`, whose
+process) packs the state dict into buckets and hands them to `WeightPublisher.publish`, whose
 background thread pushes them while the pull reads each bucket as it lands; then the *window* (the
 rollout the protocol overlaps with the transfer); then `update` waits for what is left of the pull (the
 *exposed* pull, timed inside the worker).
@@ -163,7 +163,7 @@ def _one_version(
 
     ray.get(rig.puller.start.remote(publisher.run_id, version))  # reads each bucket as it lands
     t0 = time.perf_counter()
-    packed = publisher.publish_async(state, version, bucket_mb * MiB)
+    packed = publisher.publish(state, version, bucket_mb * MiB)
     on_path = time.perf_counter() - t0 - packed["pack_s"]
     if window == "loaded":
         rig.load.spin_for(rig.window_s)

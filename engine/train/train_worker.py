@@ -138,7 +138,7 @@ class TrainWorker(Worker):
     @register
     def publish(self, bucket_bytes: int | None = None) -> dict[str, float]:
         """Publish the current weights as version `self.version()`: packed before this returns, pushed to
-        the weight store in the background (`WeightPublisher.publish_async`), so training goes on while
+        the weight store in the background (`WeightPublisher.publish`), so training goes on while
         the store writes; the workers read each bucket as it lands."""
         state = self.trainer.state_dict()  # whole: with several ranks every rank takes part
         if not self.trainer.writes:
@@ -152,7 +152,7 @@ class TrainWorker(Worker):
             # float32 master weights stay here, and half the bytes travel
             state = {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in state.items()}
         size = bucket_bytes or BUCKET_BYTES
-        return self.publisher.publish_async(state, self.trainer.version, size)
+        return self.publisher.publish(state, self.trainer.version, size)
 
     @register
     def weights_sha256(self) -> str:

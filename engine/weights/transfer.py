@@ -48,12 +48,11 @@ def latest_key(run_id: str) -> str:
 class WeightPublisher:
     """Trainer side: bucketise a state dict, push it, keep only the newest `keep_last` versions.
 
-    `publish` packs and pushes before it returns. `publish_async` returns once the state dict is packed
-    (copied into the publisher's buckets: the trainer may change its weights from then on) and pushes the
-    buckets on a background thread, so the store writes overlap whatever the trainer does next; the
-    prefetching workers read each bucket as it lands either way. One push runs at a time: the next
-    publish, `wait` and `forget` first wait for it (its buckets are the ones the next pack reuses), and
-    an error it raised is raised there."""
+    `publish` returns once the state dict is packed (copied into the publisher's buckets: the trainer may
+    change its weights from then on) and pushes the buckets on a background thread, so the store writes
+    overlap whatever the trainer does next; the prefetching workers read each bucket as it lands. One push
+    runs at a time: the next publish, `wait` and `forget` first wait for it (its buckets are the ones the
+    next pack reuses), and an error it raised is raised there."""
 
     def __init__(self, store: WeightStore, run_id: str, keep_last: int = 2) -> None:
         if keep_last < 1:
@@ -65,15 +64,6 @@ class WeightPublisher:
         self._pushing: Future[dict[str, float]] | None = None
 
     def publish(
-        self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
-    ) -> dict[str, float]:
-        """Push `version`, manifest first, buckets in order. Returns {pack_s, push_s, bytes, buckets}."""
-        packed = self.publish_async(state_dict, version, bucket_bytes)
-        pushed = self.wait()
-        assert pushed is not None  # the push publish_async just started
-        return {k: packed[k] for k in ("pack_s", "bytes", "buckets")} | {"push_s": pushed["push_s"]}
-
-    def publish_async(
         self, state_dict: Mapping[str, torch.Tensor], version: int, bucket_bytes: int
     ) -> dict[str, float]:
         """Pack `version` and start its push. Returns {pack_s, push_wait_s, last_push_s, bytes, buckets}:

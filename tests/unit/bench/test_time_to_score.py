@@ -15,12 +15,21 @@ def run(
     setting: str = "waiting",
     layout: str = "split",
     step_s: float = 5.0,
+    first_s: float | None = None,
 ) -> dict:
-    """A run with a checkpoint every 2 steps of `step_s` seconds each, scored `successes`."""
+    """A run with a checkpoint every 2 steps of `step_s` seconds each (the first `first_s`, if given, its time
+    added to the clock of every checkpoint), scored `successes`."""
+    extra = (first_s - step_s) if first_s is not None else 0.0
     points = [
-        {"step": 2 * (i + 1), "train_wall_s": 2 * step_s * (i + 1), "tokens": 100 * (i + 1), "success": s}
+        {
+            "step": 2 * (i + 1),
+            "train_wall_s": 2 * step_s * (i + 1) + extra,
+            "tokens": 100 * (i + 1),
+            "success": s,
+        }
         for i, s in enumerate(successes)
     ]
+    phases = [{"step_s": step_s + extra}] + [{"step_s": step_s}] * (2 * len(successes) - 1)
     return {
         "setting": setting,
         "layout": layout,
@@ -28,6 +37,7 @@ def run(
         "alpha": alpha,
         "seed": seed,
         "points": points,
+        "phases": phases,
     }
 
 
@@ -46,6 +56,8 @@ def test_the_first_checkpoint_at_or_above_the_target_sets_time_and_tokens():
         "steps_to_target": 4,
         "steps": 8,
         "step_s": 5.0,
+        "first_step_s": 5.0,
+        "later_step_s": 5.0,
         "budget_s": None,
         "final_success": 0.6,
     }
@@ -93,8 +105,10 @@ def test_summary_gives_the_median_and_range_counting_a_miss_as_never():
         "max_s": 30.0,
         "steps_to_target": 6,  # the median of 6, 4, 6
         "step_s": 5.0,
+        "later_step_s": 5.0,
         "speedup_vs_sync_plus": 1.0,
         "step_speedup_vs_sync_plus": 1.0,
+        "later_step_speedup_vs_sync_plus": 1.0,
     }
     assert by_mode["rollart"]["median_s"] == 10.0 and by_mode["rollart"]["speedup_vs_sync_plus"] == 3.0
     # 2 of 3 got there (10 s, 20 s; one never): the median is the slower of the two, its interval open above
@@ -129,6 +143,34 @@ def test_the_summary_splits_a_speedup_into_step_time_and_steps_to_the_target():
         "2.00",
         "1.00",
     )
+
+
+def test_the_first_step_is_split_off_so_the_later_steps_show_the_speedup_a_longer_run_tends_to():
+    # both modes spend 30 s on their first step; after it rollart steps in 5 s, sync+ in 10 s
+    rows = [
+        tsr.time_to_target(run("sync+", 0, s, [0.1, 0.5], step_s=10.0, first_s=30.0), 0.5) for s in (0, 1)
+    ]
+    rows += [
+        tsr.time_to_target(run("rollart", 1, s, [0.1, 0.5], step_s=5.0, first_s=30.0), 0.5) for s in (0, 1)
+    ]
+    assert [(r["first_step_s"], r["later_step_s"], r["time_to_target_s"]) for r in rows] == [
+        (30.0, 10.0, 60.0),
+        (30.0, 10.0, 60.0),
+        (30.0, 5.0, 45.0),
+        (30.0, 5.0, 45.0),
+    ]
+    rollart = {o["mode"]: o for o in tsr.summarize(rows)}["rollart"]
+    assert rollart["later_step_speedup_vs_sync_plus"] == 2.0  # where a longer run's speedup tends
+    assert rollart["step_speedup_vs_sync_plus"] == pytest.approx(
+        15.0 / 11.25
+    )  # over 4 steps, the first included
+    assert rollart["speedup_vs_sync_plus"] == pytest.approx(60.0 / 45.0)
+    one_step = tsr.time_to_target(
+        run("sync+", 0, 0, [0.5], step_s=10.0)
+        | {"points": [{"step": 1, "train_wall_s": 10.0, "tokens": 1, "success": 0.5}]},
+        0.5,
+    )
+    assert one_step["later_step_s"] is None
 
 
 def test_speedup_is_over_sync_plus_in_the_same_setting_and_layout():

@@ -62,6 +62,7 @@ def test_real_state_dict_round_trip_and_retention(master: MooncakeMaster) -> Non
         assert list(tensors) == list(sd)
         for name, tensor in sd.items():
             assert tensors[name].dtype == tensor.dtype and torch.equal(tensors[name], tensor), name
+    publisher.wait()  # v3's push ends by removing v1 (keep_last), after the buckets the pull read
     assert [worker.exists(manifest_key("qwen", v)) for v in (1, 2, 3)] == [False, True, True]
     prefetcher.close()
     worker.close()

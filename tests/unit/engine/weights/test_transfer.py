@@ -83,7 +83,10 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 def test_publish_clears_the_version_then_writes_the_manifest_first_and_buckets_in_order() -> None:
     store = RecordingStore()
     store.put("run/v1/bucket5", b"left by a failed attempt")
-    timings = WeightPublisher(store, "run").publish(state_dict(1), version=1, bucket_bytes=512)
+    publisher = WeightPublisher(store, "run")
+    timings = publisher.publish(state_dict(1), version=1, bucket_bytes=512)
+    pushed = publisher.wait()  # the writes run in the background
+    assert pushed is not None and pushed["push_s"] >= 0
     # embed 0-256, layer.w 256-512 fill bucket 0; layer.b 0-32 and steps 64-72 go to bucket 1
     assert store.ops[1:] == [
         ("delete_prefix", "run/v1/"),
@@ -94,7 +97,7 @@ def test_publish_clears_the_version_then_writes_the_manifest_first_and_buckets_i
     ]
     assert not store.exists("run/v1/bucket5")
     assert timings["bytes"] == 512 + 72 and timings["buckets"] == 2
-    assert timings["push_s"] >= 0 and timings["pack_s"] >= 0
+    assert timings["pack_s"] >= 0 and timings["last_push_s"] == 0.0  # nothing pushed before
 
 
 class GatedPuts(InMemoryStore):
@@ -113,14 +116,14 @@ class GatedPuts(InMemoryStore):
         super().put(key, data)
 
 
-def test_an_async_publish_returns_once_packed_and_pushes_while_the_trainer_changes_its_weights() -> None:
+def test_a_publish_returns_once_packed_and_pushes_while_the_trainer_changes_its_weights() -> None:
     """The trainer's path is the pack: the weights may change right after it, and what lands in the store
     (read by a pull that started before the push) is the version as it was packed. The next publish waits
     for the push before it reuses the buckets, and reports it."""
     store = GatedPuts()
     publisher = WeightPublisher(store, "run")
     weights = state_dict(1)
-    packed = publisher.publish_async(weights, version=1, bucket_bytes=512)
+    packed = publisher.publish(weights, version=1, bucket_bytes=512)
     assert packed["bytes"] == 512 + 72 and packed["last_push_s"] == 0.0 and packed["push_wait_s"] >= 0
     for t in weights.values():
         t.zero_()  # the next optimiser step
@@ -130,7 +133,7 @@ def test_an_async_publish_returns_once_packed_and_pushes_while_the_trainer_chang
     store.gate.set()
     tensors, _ = prefetcher.wait(1)
     assert_same(tensors, state_dict(1))
-    second = publisher.publish_async(state_dict(2), version=2, bucket_bytes=512)
+    second = publisher.publish(state_dict(2), version=2, bucket_bytes=512)
     assert second["last_push_s"] > 0  # v1's push, which this publish waited for if it still ran
     assert publisher.wait() is not None and prefetcher.latest() == 2
     assert publisher.wait() is None  # nothing in flight
@@ -140,14 +143,15 @@ def test_an_async_publish_returns_once_packed_and_pushes_while_the_trainer_chang
 def test_a_failed_background_push_is_raised_by_the_next_publish_and_forget_still_clears_the_run() -> None:
     store = GatedPuts()
     publisher = WeightPublisher(store, "run")
-    publisher.publish_async(state_dict(1), version=1, bucket_bytes=512)
+    publisher.publish(state_dict(1), version=1, bucket_bytes=512)
     store.fail = OSError("link down")
     store.gate.set()
     with pytest.raises(OSError, match="link down"):
-        publisher.publish_async(state_dict(2), version=2, bucket_bytes=512)
+        publisher.publish(state_dict(2), version=2, bucket_bytes=512)
     store.fail = None
     publisher.publish(state_dict(2), version=2, bucket_bytes=512)  # a retry after the failure goes through
-    publisher.publish_async(state_dict(3), version=3, bucket_bytes=512)
+    assert publisher.wait() is not None
+    publisher.publish(state_dict(3), version=3, bucket_bytes=512)
     assert publisher.forget() > 0  # waits for v3's push: nothing of the run is written after the delete
     assert not store.exists("run/latest") and not store.exists(manifest_key("run", 3))
 
@@ -157,6 +161,7 @@ def test_only_the_last_k_versions_stay_in_the_store() -> None:
     publisher = WeightPublisher(store, "run", keep_last=2)
     for v in range(1, 5):
         publisher.publish(state_dict(v), version=v, bucket_bytes=512)
+    publisher.wait()
     assert [store.exists(manifest_key("run", v)) for v in range(1, 5)] == [False, False, True, True]
     assert not store.exists(bucket_key("run", 2, 0)) and store.exists(bucket_key("run", 4, 1))
     assert store.delete_prefix("run/") == 7  # v3 and v4: two buckets and a manifest each; latest
@@ -169,6 +174,7 @@ def test_latest_names_the_newest_complete_version() -> None:
     publisher = WeightPublisher(store, "run")
     for v in (1, 2):
         publisher.publish(state_dict(v), version=v, bucket_bytes=512)
+        publisher.wait()
         assert prefetcher.latest() == v
     assert WeightPrefetcher(store, "other-run").latest() is None
     prefetcher.close()
