@@ -6,6 +6,9 @@ import json
 import pytest
 
 from bench import alpha_sweep, async_modes
+from engine.weights.transfer import WeightPrefetcher
+
+POLL_MAX_S = WeightPrefetcher.POLL_S[1] + 1e-3  # a pull looks for a bucket not there yet at most this often
 
 SMALL = dict(
     quick=False,
@@ -40,7 +43,9 @@ def test_async_modes_measures_each_mode_and_the_ideal_step(tmp_path):
     for r in rows:
         b = parts[r["mode"]]
         assert r["tokens_per_s"] > 0 and r["step_s"] > b["wait_batch_s"] + b["train_s"]
-        assert b["pull_s"] > 0 and b["exposed_pull_s"] <= b["pull_s"] + 1e-3  # weights went through the store
+        # weights went through the store; the workers' update waited at most for what was left of the push
+        # (it runs in the background since the trainer's publish returned) and of the pull, and a last poll
+        assert b["pull_s"] > 0 and b["exposed_pull_s"] <= b["push_s"] + b["pull_s"] + POLL_MAX_S
     ideal = payload["ideal"]
     assert (
         ideal["rollout_s"] == parts["sync+"]["wait_batch_s"] and ideal["train_s"] == parts["sync+"]["train_s"]

@@ -11,6 +11,7 @@ import ray
 
 from engine.config import load_config
 from engine.experiment import Experiment
+from engine.weights.transfer import WeightPrefetcher
 from tests.integration.listeners import Listener, sampled_listeners
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,7 +85,10 @@ def test_five_async_iterations_advance_versions_within_the_bound(run):
     assert run["gen_version"] == 4  # serving what the last batch was trained from
     synced = [m for m in metrics if "pull_s" in m]  # steps 2..5 pulled a new version from Mooncake
     assert len(synced) == 4 and all(m["weight_bytes"] > 1_000_000 for m in metrics)
-    assert all(m["exposed_pull_s"] <= m["pull_s"] + 1e-6 for m in synced)
+    # the workers' update waited at most for what was left of the version's push (in the background since
+    # the trainer's publish returned; reported by the same step's publish) and of its pull, and a last poll
+    poll = WeightPrefetcher.POLL_S[1] + 1e-3
+    assert all(m["exposed_pull_s"] <= m["push_s"] + m["pull_s"] + poll for m in synced)
 
 
 def _role(s: Listener) -> str:

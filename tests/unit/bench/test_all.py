@@ -234,7 +234,11 @@ def _time_to_score() -> Case:
 
     def run(mode: str, alpha: int, seed: int, t: float, step_s: float) -> dict:
         where = {"setting": "waiting", "layout": "split", "mode": mode, "alpha": alpha, "seed": seed}
-        return where | {"time_to_target_s": t, "reached": True, "steps_to_target": 4, "step_s": step_s}
+        return (
+            where
+            | {"time_to_target_s": t, "reached": True, "steps_to_target": 4, "step_s": step_s}
+            | {"later_step_s": step_s}
+        )
 
     rows = [run("sync+", 0, s, t, 25.0) for s, t in enumerate((100.0, 120.0, 110.0))]
     rows += [run("rollart", 1, s, t, 16.0) for s, t in enumerate((50.0, 60.0, 55.0))]
