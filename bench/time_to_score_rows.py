@@ -114,8 +114,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             b["median_s"] / o["median_s"] if b and b["median_s"] and o["median_s"] else None
         )
         o["step_speedup_vs_sync_plus"] = b["step_s"] / o["step_s"] if b else None
-        later = (b["later_step_s"], o["later_step_s"]) if b else (None, None)
-        o["later_step_speedup_vs_sync_plus"] = later[0] / later[1] if None not in later else None
+        o["later_step_speedup_vs_sync_plus"] = (
+            b["later_step_s"] / o["later_step_s"] if b and b["later_step_s"] and o["later_step_s"] else None
+        )
     return out
 
 

@@ -108,8 +108,7 @@ def pull_in_push(pulled: dict[str, float], push_end: float) -> float:
 def summarize(key: dict[str, Any], steps: Sequence[dict[str, Any]], seed: int) -> dict[str, Any]:
     """One row from one window's steps: the medians of the times, the hidden fraction with its interval."""
     hidden = [
-        hidden_fraction(*(s[k] for k in ("push_on_path_s", "push_s", "pull_s", "exposed_pull_s")))
-        for s in steps
+        hidden_fraction(s["push_on_path_s"], s["push_s"], s["pull_s"], s["exposed_pull_s"]) for s in steps
     ]
     med, low, high = report.median_ci(hidden, seed)
     return {
