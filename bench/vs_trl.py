@@ -6,7 +6,10 @@ temperature and CPU threads, in float32, every completion of a step trained in o
 - **TRL** (`bench.trl_peer`): `GRPOTrainer` with HF generation, the env as its reward function.
 - **rollart**: `Experiment` + `IterationProtocol` as `rollart train` runs them, vLLM generation, the env in
   the rollout actor; modes `sync` (rollout, then training, on all cores) and `rollart` (α = 1: rollout on
-  one core while training on the other).
+  one core while training on the other), and with waiting envs also `rollart` at α = 2: there rollout is the
+  longer phase, and at α = 1 a batch may start only once the weights one version behind the step it
+  feeds are out, so the step lasts about (rollout + train) / 2; α = 2 lets three batches overlap
+  (about (rollout + train) / 3), each trained sample started at most two versions back.
 
 Models: `tiny` (`rollart model init --size tiny`: a 333k-parameter Qwen2 with a local tokenizer; 8 prompts x
 8 x 24 tokens) and `smollm2` (SmolLM2-135M-Instruct from its GGUF; 4 x 8 x 48). Settings: `single-turn`
@@ -46,6 +49,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 MODELS = {"tiny": (8, 24), "smollm2": (4, 48)}  # prompts per step, completion tokens
 SETTINGS = ("single-turn", "waiting-env")
 ROLLART_MODES = (("sync", 0), ("rollart", 1))
+WAITING_MODES = (*ROLLART_MODES, ("rollart", 2))  # rollout the longer phase: a deeper bound pays (module doc)
 GROUP_SIZE = 8
 
 
@@ -78,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=report.at_least(int, 1), help="CPU threads of each system (2)")
     p.add_argument("--reward-level", type=report.at_least(float, 0), help="training reward to reach (0.3)")
     p.add_argument("--seed", type=report.at_least(int, 0), help="seed of both systems (0)")
+
+
+def rollart_modes(setting: str) -> tuple[tuple[str, int], ...]:
+    """The rollart modes and α run in `setting` (module doc)."""
+    return WAITING_MODES if setting == "waiting-env" else ROLLART_MODES
 
 
 # -- the runs ------------------------------------------------------------------------------------------
@@ -187,7 +196,7 @@ def _rollart(
     return {"startup_s": begin - t_start, "warm_start": not cold, "steps": steps}
 
 
-def _rollart_runs(s: Settings, model: str, root: Path) -> dict[tuple[str, str], dict[str, Any]]:
+def _rollart_runs(s: Settings, model: str, root: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     """Every setting and mode of rollart on `model`, one after another on one Ray, each run rebuilding the
     last one's processes (`WarmWorkers`): the first run's start-up is cold, the others' warm."""
     import ray
@@ -198,8 +207,8 @@ def _rollart_runs(s: Settings, model: str, root: Path) -> dict[tuple[str, str], 
     try:
         with WarmWorkers() as warm:
             for setting in s.settings:
-                for mode, alpha in ROLLART_MODES:
-                    runs[(setting, mode)] = _rollart(s, model, setting, mode, alpha, root, warm)
+                for mode, alpha in rollart_modes(setting):
+                    runs[(setting, mode, alpha)] = _rollart(s, model, setting, mode, alpha, root, warm)
     finally:
         ray.shutdown()
     return runs
@@ -226,8 +235,10 @@ def _trl(s: Settings, model: str, setting: str, root: Path) -> dict[str, Any]:
 
 
 # -- rows ----------------------------------------------------------------------------------------------
-def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s: Settings) -> dict[str, Any]:
-    """The JSON row of one run (module doc)."""
+def row(
+    system: str, mode: str, model: str, setting: str, run: dict[str, Any], s: Settings, alpha: int = 0
+) -> dict[str, Any]:
+    """The JSON row of one run (module doc); `alpha`: the staleness bound (0 for TRL and `sync`)."""
     measured = run["steps"][s.warmup :]
     step_s, ci_low, ci_high = report.median_ci([m["step_s"] for m in measured], s.seed)
     wall = sum(m["step_s"] for m in measured)
@@ -239,6 +250,7 @@ def row(system: str, mode: str, model: str, setting: str, run: dict[str, Any], s
     return {
         "system": system,
         "mode": mode,
+        "alpha": alpha,
         "model": model,
         "setting": setting,
         "step_s": step_s,
@@ -265,6 +277,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "model": r["model"],
             "setting": r["setting"],
             "mode": r["mode"],
+            "alpha": r["alpha"],
             "vs_trl": r["gen_tokens_per_s"] / trl[(r["model"], r["setting"])],
         }
         for r in rows
@@ -273,8 +286,13 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- output ----------------------------------------------------------------------------------------------
+def _ours(v: dict[str, Any]) -> str:
+    """A rollart row's or ratio's mode, with its α where the mode has one."""
+    return f"rollart {v['mode']}" + (f" α={v['alpha']}" if v["mode"] == "rollart" else "")
+
+
 def _who(r: dict[str, Any]) -> str:
-    return "TRL" if r["system"] == "trl" else f"rollart {r['mode']}"
+    return "TRL" if r["system"] == "trl" else _ours(r)
 
 
 def _plot(rows: list[dict[str, Any]], path: str | None) -> str:
@@ -293,9 +311,7 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Each rollart mode's generated tokens/s over TRL's, per model and setting (one run each: no interval;
     the paper has no TRL figure)."""
     return [
-        report.headline_row(
-            f"gen tokens/s, rollart {v['mode']} / TRL ({v['model']}, {v['setting']})", v["vs_trl"]
-        )
+        report.headline_row(f"gen tokens/s, {_ours(v)} / TRL ({v['model']}, {v['setting']})", v["vs_trl"])
         for v in payload["vs_trl"]
     ]
 
@@ -310,9 +326,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trl = {setting: _trl(s, model, setting, root) for setting in s.settings}
             ours = _rollart_runs(s, model, root)
             for setting in s.settings:
-                rows.append(row("trl", "grpo", model, setting, trl[setting], s))
-                rows += [row("rollart", m, model, setting, ours[(setting, m)], s) for m, _ in ROLLART_MODES]
-                for r in rows[-3:]:
+                ran = [row("trl", "grpo", model, setting, trl[setting], s)]
+                ran += [
+                    row("rollart", m, model, setting, ours[(setting, m, a)], s, a)
+                    for m, a in rollart_modes(setting)
+                ]
+                rows += ran
+                for r in ran:
                     print(f"{model} {setting} {_who(r)}: {r['step_s']:.2f} s per step", flush=True)
     shown = ("model", "setting", "step_s", "gen_tokens_per_s", "rollout_s", "train_s", "startup_s")
     shown += ("warm_start",)
@@ -325,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{s.steps} measured steps after {s.warmup} warm-up; G={GROUP_SIZE}; {s.threads} threads each; "
         f"waiting-env: N({s.wait_ms:g}, {s.wait_sigma_ms:g}) ms per env reset and step.\n"
         "Generated tokens/s over TRL's: "
-        + ", ".join(f"{v['model']} {v['setting']} {v['mode']} {v['vs_trl']:.2f}x" for v in vs)
+        + ", ".join(f"{v['model']} {v['setting']} {_ours(v)} {v['vs_trl']:.2f}x" for v in vs)
     )
     return report.publish(
         args,

@@ -93,6 +93,7 @@ def trainer_args(cfg: ExperimentConfig) -> dict[str, Any]:
         "micro_batch_size": t.micro_batch,
         "max_grad_norm": t.grad_clip,
         "weight_decay": t.weight_decay,
+        "betas": t.betas,
         "clip_low": t.clip_low,
         "clip_high": t.clip_high,
         "clip_to": t.clip_to,

@@ -7,7 +7,7 @@ A bad config fails at load with one line per problem naming the field path, e.g.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -117,6 +117,9 @@ class TrainConfig(Strict):
     kl_beta: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="AdamW's decay rates of its gradient mean and of its squared gradient's"
+    )
     checkpoint_every: int = Field(10, ge=1)
     step_retries: int = Field(
         1, ge=0, description="retries of a failing train step; then the run stops, checkpoint kept"

@@ -341,8 +341,8 @@ def _scale() -> Case:
 
 def _vs_trl() -> Case:
     vs = [
-        {"model": "tiny", "setting": "single-turn", "mode": m, "vs_trl": x}
-        for m, x in (("sync", 1.7), ("rollart", 2.4))
+        {"model": "tiny", "setting": "single-turn", "mode": m, "alpha": a, "vs_trl": x}
+        for m, a, x in (("sync", 0, 1.7), ("rollart", 1, 2.4))
     ]
     return {"rows": [], "vs_trl": vs}, [(1.7, None, None, None, None), (2.4, None, None, None, None)]
 

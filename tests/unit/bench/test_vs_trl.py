@@ -4,7 +4,18 @@ import asyncio
 import pytest
 
 from bench.trl_peer import PeerRun, dataset_rows, env_reward, train
-from bench.vs_trl import FULL, QUICK, _task_args, add_arguments, model_dir, ratios, row
+from bench.vs_trl import (
+    FULL,
+    QUICK,
+    ROLLART_MODES,
+    _task_args,
+    add_arguments,
+    headline,
+    model_dir,
+    ratios,
+    rollart_modes,
+    row,
+)
 
 
 def _steps(seconds: list[float], rewards: list[float | None]) -> list[dict]:
@@ -30,12 +41,30 @@ def test_a_row_measures_the_steps_after_warmup_and_when_the_reward_level_was_fir
 
 
 def test_ratios_are_each_rollart_mode_over_trl_in_the_same_model_and_setting():
+    base = {"model": "tiny", "setting": "s"}
     rows = [
-        {"system": "trl", "mode": "grpo", "model": "tiny", "setting": "s", "gen_tokens_per_s": 100.0},
-        {"system": "rollart", "mode": "sync", "model": "tiny", "setting": "s", "gen_tokens_per_s": 50.0},
-        {"system": "rollart", "mode": "rollart", "model": "tiny", "setting": "s", "gen_tokens_per_s": 250.0},
+        base | {"system": "trl", "mode": "grpo", "alpha": 0, "gen_tokens_per_s": 100.0},
+        base | {"system": "rollart", "mode": "sync", "alpha": 0, "gen_tokens_per_s": 50.0},
+        base | {"system": "rollart", "mode": "rollart", "alpha": 1, "gen_tokens_per_s": 250.0},
+        base | {"system": "rollart", "mode": "rollart", "alpha": 2, "gen_tokens_per_s": 300.0},
     ]
-    assert [(r["mode"], r["vs_trl"]) for r in ratios(rows)] == [("sync", 0.5), ("rollart", 2.5)]
+    vs = ratios(rows)
+    assert [(r["mode"], r["alpha"], r["vs_trl"]) for r in vs] == [
+        ("sync", 0, 0.5),
+        ("rollart", 1, 2.5),
+        ("rollart", 2, 3.0),
+    ]
+    # the headline names each rollart mode with its bound
+    assert [h["metric"] for h in headline({"vs_trl": vs})] == [
+        "gen tokens/s, rollart sync / TRL (tiny, s)",
+        "gen tokens/s, rollart rollart α=1 / TRL (tiny, s)",
+        "gen tokens/s, rollart rollart α=2 / TRL (tiny, s)",
+    ]
+
+
+def test_waiting_envs_add_rollart_at_alpha_2_where_rollout_is_the_longer_phase():
+    assert rollart_modes("single-turn") == ROLLART_MODES == (("sync", 0), ("rollart", 1))
+    assert rollart_modes("waiting-env") == (("sync", 0), ("rollart", 1), ("rollart", 2))
 
 
 def test_options_quick_and_refusals(capsys):

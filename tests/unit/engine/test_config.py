@@ -153,6 +153,19 @@ def test_modes_that_fix_alpha_fill_it_in():
     assert TrainConfig(mode="rollart").alpha == 1 and not TrainConfig().drop_uniform_groups
 
 
+def test_adam_betas_reach_the_trainer_and_bad_ones_are_named():
+    from engine.actor_args import trainer_args
+    from engine.train.trainer import TrainerConfig
+
+    cfg = load_config(FROZENLAKE, ["train.betas=[0.5, 0.99]"])
+    assert cfg.train.betas == (0.5, 0.99) and TrainerConfig(**trainer_args(cfg)).betas == (0.5, 0.99)
+    assert TrainConfig().betas == TrainerConfig().betas == (0.9, 0.999)  # torch's AdamW defaults
+    for betas, problem in (("[1.0, 0.9]", "train.betas[0]"), ("[0.9]", "train.betas[1]")):
+        with pytest.raises(ConfigError) as e:
+            load_config(FROZENLAKE, [f"train.betas={betas}"])
+        assert e.value.problems[0].startswith(problem), e.value.problems
+
+
 def test_pool_cores_are_distinct_core_ids_named_in_the_error():
     pools = (
         "[{name: compute, kind: gpu-compute, cores: [1]}, "
