@@ -77,9 +77,10 @@ def policy_loss(
     band around the policy the step starts from, and each token's term is weighted by the behaviour
     correction `w = min(exp(proximal − behavior_logprobs), is_cap)` (truncated importance sampling). For a
     sample generated k versions ago the first form clips every token whose probability already moved by
-    more than the band since then, so stale samples teach little exactly where learning is fastest; the
-    second keeps the trust region where the update happens and corrects staleness by w. On-policy (the
-    behaviour policy is the proximal one) both are the same loss.
+    more than the band since then, so a stale sample stops pushing where the policy already moved; the
+    second corrects staleness by w, but with one optimiser step per batch ρ = 1 where it starts: its band
+    never clips, and a stale token the last update already moved is pushed on (on the quickstart task
+    rollart stalled so; the first form did not: README, time to a score). On-policy both are one loss.
 
     Tensors are `(B, T)`; `advantages` is `(B,)` (one per
     sequence) or `(B, T)` (per token); `mask` selects the tokens that count (1/True on action tokens).
