@@ -109,9 +109,11 @@ class TrainConfig(Strict):
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)
     clip_to: Literal["proximal", "behaviour"] = Field(
-        "proximal",
-        description="centre of the clip band: the weights the step starts from, with stale samples corrected "
-        "by importance weights (decoupled PPO), or the policy that generated them (plain PPO)",
+        "behaviour",
+        description="centre of the clip band: the policy that generated each token (plain PPO: a stale token "
+        "already moved past the band gets no gradient), or the weights the step starts from with stale "
+        "samples corrected by importance weights (decoupled PPO; with one update per batch its band never "
+        "clips)",
     )
     is_cap: float = Field(2.0, ge=1, description="truncation of the importance weights (clip_to: proximal)")
     kl_beta: float = Field(0.0, ge=0)

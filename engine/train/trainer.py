@@ -45,10 +45,11 @@ class TrainerConfig:
     micro_batch_size: int = 8
     clip_low: float = 0.2
     clip_high: float = 0.28
-    # The clip band's centre (engine.train.grpo.policy_loss): "proximal", the weights this step starts
-    # from, with the behaviour policy corrected by importance weights truncated at `is_cap`; or
-    # "behaviour", the policy that generated the tokens (plain PPO clipping).
-    clip_to: ClipTo = "proximal"
+    # The clip band's centre (engine.train.grpo.policy_loss): "behaviour", the policy that generated the
+    # tokens (plain PPO clipping); or "proximal", the weights this step starts from, with the behaviour
+    # policy corrected by importance weights truncated at `is_cap` (inert in one update per batch: the
+    # step's own weights are the centre, so nothing clips).
+    clip_to: ClipTo = "behaviour"
     is_cap: float = 2.0
     agg: LossAgg = "token-mean"
     kl_beta: float = 0.0

@@ -126,6 +126,21 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
             assert torch.allclose(p[real], p_full[real], rtol=0, atol=1e-5)
 
 
+def test_in_one_update_a_batch_only_the_default_behaviour_band_clips_its_stale_tokens(
+    model: PreTrainedModel, make_group: Callable[..., Group]
+) -> None:
+    batch = _mixed_batch(model, make_group)  # behaviour log-probs 0.05-0.5 nats off the model's
+    assert TrainerConfig().clip_to == "behaviour"
+    plain = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-2)).train_step(batch)
+    decoupled = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-2, clip_to="proximal")).train_step(
+        batch
+    )
+    # the decoupled band is centred on the weights the one update starts from: every ratio is 1, nothing
+    # clips however far the tokens moved since they were generated; the behaviour band stops those past it
+    assert decoupled["clip_frac"] == 0.0 and decoupled["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert plain["clip_frac"] > 0.0 and plain["ratio_mean"] != pytest.approx(1.0, abs=1e-2)
+
+
 def test_kl_to_reference_is_zero_at_start_and_grows(
     model: PreTrainedModel, make_group: Callable[..., Group]
 ) -> None:
@@ -200,8 +215,9 @@ def test_trainer_scores_tokens_at_the_rollout_temperature(
         model, make_group, [(1.0, PROMPT, [5, 6]), (0.0, PROMPT, [7, 8])], temperature=2.0
     )
     batch = build_train_batch([group])
-    hot = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=2.0)).train_step(batch)
-    cold = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=1.0)).train_step(batch)
+    hot = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=2.0, clip_to="proximal"))
+    cold = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=1.0, clip_to="proximal"))
+    hot, cold = hot.train_step(batch), cold.train_step(batch)
     assert hot["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # behaviour = proximal: weight 1
     assert abs(cold["is_weight_mean"] - 1.0) > 1e-3
     with pytest.raises(ValueError, match="temperature must be > 0"):
