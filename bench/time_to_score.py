@@ -20,6 +20,8 @@ later runs): scoring costs no run time, every mode is scored alike.
   plus 0.9 × the median gain of `sync+` by the end of its runs (the report says when it gained nothing).
 - Settings: `plain` (the env answers at once) and `waiting` (every env reset and step sleeps a seeded
   N(mu, sigma) ms draw: a sandbox or a web call, the time trajectory-level overlap can hide).
+- `--pool A.json B.json ...`: the runs of earlier calls (e.g. one seed each) under one target, without
+  training (`bench/time_to_score_pool.py`).
 - Layouts: `shared` (both roles on every core; the sync modes give each phase all of them in turn, the
   others split the threads) and `split` (generation and env loops on core 0, training on core 1: the
   paper's rollout and training pools are different GPUs, what each does meanwhile is what modes differ in).
@@ -42,10 +44,12 @@ from typing import TYPE_CHECKING, Any
 from bench import report
 from bench.async_runs import LatencyEnvs
 from bench.checkpoint_scores import HeldOutScorer
+from bench.time_to_score_pool import pooled, refuse_training_options
 from bench.time_to_score_rows import (
     TARGET_SHARE,
     auto_target,
     budgets,
+    plot,
     should_stop,
     summarize,
     table,
@@ -160,6 +164,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target",
         type=report.at_least(float, 0),
         help=f"held-out success to reach (default {TARGET_SHARE} × sync+)",
+    )
+    add(
+        "--pool",
+        nargs="+",
+        metavar="JSON",
+        help="earlier --json files under one target, no training (module doc)",
     )
 
 
@@ -292,21 +302,6 @@ def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
-    panels = sorted({(r["setting"], r["layout"]) for r in runs})
-    fig, axes = report.new_figure(6 * len(panels), 4, cols=len(panels))
-    axes = axes if len(panels) > 1 else [axes]
-    for ax, (setting, layout) in zip(axes, panels, strict=True):
-        for r in (r for r in runs if (r["setting"], r["layout"]) == (setting, layout)):
-            xs = [0.0] + [p["train_wall_s"] for p in r["points"]]
-            ys = [r["before"]] + [p["success"] for p in r["points"]]
-            ax.plot(xs, ys, marker="o", label=f"{r['mode']} α={r['alpha']} s{r['seed']}")
-        ax.axhline(target, color="k", linestyle="--", label=f"target {target:.2f}")
-        ax.set(xlabel="training wall time (s)", ylabel="held-out success", title=f"{setting}, {layout}")
-        ax.legend(fontsize=7)
-    return report.save_figure(fig, path, "time_to_score.png")
-
-
 def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
     """Every run of `s`, each scored at its checkpoints; with the held-out success before training."""
     import ray
@@ -347,8 +342,12 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    s = report.pick_settings(args, FULL, QUICK)
-    runs, before = _train_and_score(s)
+    if getattr(args, "pool", None):  # earlier calls' runs (bench/time_to_score_pool.py)
+        refuse_training_options(args, Settings)
+        s, runs, before = pooled(args.pool, Settings, args.target)
+    else:
+        s = report.pick_settings(args, FULL, QUICK)
+        runs, before = _train_and_score(s)
     for r in runs:
         r["before"] = before
     target = s.target if s.target is not None else auto_target(runs, before)
@@ -386,7 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         table=printed,
         clock="wall",
         config={"before": before},
-        plot=lambda path: _plot(runs, target, path),
+        plot=lambda path: plot(runs, target, path),
         summary=summary,
         curves=runs,
     )

@@ -1,5 +1,5 @@
-"""`bench time-to-score`'s rows: each run's time to the target, the per-mode summary over seeds, and the
-wall-time budget that every mode of a seed trains for (sync+'s own time for its steps)."""
+"""`bench time-to-score`'s rows: each run's time to the target, the per-mode summary over seeds, the
+wall-time budget that every mode of a seed trains for (sync+'s own time for its steps) and the plot."""
 
 from __future__ import annotations
 
@@ -150,3 +150,19 @@ def table(summary: list[dict[str, Any]]) -> list[dict[str, str]]:
         }
         for o in summary
     ]
+
+
+def plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
+    """Held-out success over training wall time, one line per run, a panel per (setting, layout)."""
+    panels = sorted({(r["setting"], r["layout"]) for r in runs})
+    fig, axes = report.new_figure(6 * len(panels), 4, cols=len(panels))
+    axes = axes if len(panels) > 1 else [axes]
+    for ax, (setting, layout) in zip(axes, panels, strict=True):
+        for r in (r for r in runs if (r["setting"], r["layout"]) == (setting, layout)):
+            xs = [0.0] + [p["train_wall_s"] for p in r["points"]]
+            ys = [r["before"]] + [p["success"] for p in r["points"]]
+            ax.plot(xs, ys, marker="o", label=f"{r['mode']} α={r['alpha']} s{r['seed']}")
+        ax.axhline(target, color="k", linestyle="--", label=f"target {target:.2f}")
+        ax.set(xlabel="training wall time (s)", ylabel="held-out success", title=f"{setting}, {layout}")
+        ax.legend(fontsize=7)
+    return report.save_figure(fig, path, "time_to_score.png")

@@ -260,3 +260,70 @@ def test_fixed_steps_is_off_unless_asked_and_the_row_says_how_long_each_run_trai
     r = run("rollart", 1, 0, [0.1, 0.2, 0.3]) | {"budget_s": 25.0}
     row = tsr.time_to_target(r, 0.3)
     assert (row["steps"], row["budget_s"], row["time_to_target_s"]) == (6, 25.0, 30.0)
+
+
+# -- --pool: earlier calls' runs under one target ----------------------------------------------------------
+CURVES = {  # seed -> (sync+'s held-out success at steps 2, 4; rollart's at 2, 4, 6)
+    0: ([0.3, 0.5], [0.2, 0.4, 0.6]),
+    1: ([0.4, 0.7], [0.3, 0.6, 0.7]),
+    2: ([0.2, 0.3], [0.2, 0.5, 0.5]),
+}
+
+
+def _call(monkeypatch, tmp_path, argv: list[str], before: float = 0.1) -> dict:
+    """One `bench time-to-score` call whose training is replaced by the seeds' CURVES."""
+    from tests.unit.bench.cli import bench_parser
+
+    def train(s):
+        runs = [
+            run(m, a, seed, CURVES[seed][m != "sync+"], step_s=6.0 if m == "sync+" else 4.0)
+            for seed in s.seeds
+            for m, a in s.runs
+        ]
+        return runs, before
+
+    monkeypatch.setattr(tts, "_train_and_score", train)
+    monkeypatch.setattr(tts, "plot", lambda runs, target, path: "tts.png")
+    return tts.run(bench_parser(tts.add_arguments).parse_args(argv))
+
+
+def test_pooling_one_seed_calls_gives_what_one_call_over_the_seeds_gives(monkeypatch, tmp_path):
+    common = ["--runs", "sync+,rollart:1", "--steps", "4"]
+    files = []
+    for seed in (0, 1, 2):
+        files.append(str(tmp_path / f"s{seed}.json"))
+        alone = _call(monkeypatch, tmp_path, [*common, "--seeds", str(seed), "--json", files[-1]])
+        assert alone["rows"][0]["target"] == pytest.approx(0.1 + 0.9 * (CURVES[seed][0][-1] - 0.1))
+    together = _call(monkeypatch, tmp_path, [*common, "--seeds", "0,1,2"])
+    pooled = _call(monkeypatch, tmp_path, ["--pool", *files, "--json", str(tmp_path / "pooled.json")])
+    # one target from the three sync+ finals (0.5, 0.7, 0.3: median 0.5), not each call's own
+    assert pooled["rows"][0]["target"] == pytest.approx(0.1 + 0.9 * 0.4)
+    assert (pooled["rows"], pooled["summary"]) == (together["rows"], together["summary"])
+    assert pooled["seeds"] == [0, 1, 2] and pooled["config"]["before"] == 0.1
+    given = _call(monkeypatch, tmp_path, ["--pool", *files, "--target", "0.55"])
+    assert [r["reached"] for r in given["rows"]] == [False, True, True, True, False, False]
+
+
+def test_pooling_refuses_files_that_do_not_belong_together_and_options_it_cannot_use(monkeypatch, tmp_path):
+    def call(seed: int, *extra: str, before: float = 0.1) -> str:
+        path = str(tmp_path / f"s{seed}{''.join(extra)}{before}.json")
+        _call(
+            monkeypatch,
+            tmp_path,
+            ["--runs", "sync+,rollart:1", "--seeds", str(seed), *extra, "--json", path],
+            before,
+        )
+        return path
+
+    a = call(0)
+    with pytest.raises(SystemExit, match=r"config.eval_problems is 60, the first file's 120"):
+        _call(monkeypatch, tmp_path, ["--pool", a, call(1, "--eval-problems", "60")])
+    with pytest.raises(SystemExit, match=r"config.before is 0.2"):
+        _call(monkeypatch, tmp_path, ["--pool", a, call(1, before=0.2)])
+    with pytest.raises(SystemExit, match=r"'seed': 0.* is in .*s00.1.json too"):
+        _call(monkeypatch, tmp_path, ["--pool", a, call(0, "--steps", "11")])
+    with pytest.raises(SystemExit, match="--seeds, --fixed-steps would change nothing"):
+        _call(monkeypatch, tmp_path, ["--pool", a, "--seeds", "3", "--fixed-steps"])
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(SystemExit, match=r"other\.json: not a `bench time-to-score --json` file"):
+        _call(monkeypatch, tmp_path, ["--pool", str(tmp_path / "other.json")])
