@@ -67,7 +67,8 @@ SETTINGS = ("plain", "waiting")
 LAYOUTS = ("shared", "split")
 STEP_CAP = 3  # a run with a wall-time budget takes at most this many times --steps
 # Each step's record in a curve: where its time went, and what it trained on (the training reward, how
-# many versions late its samples were, and how much their importance weights kept of them), so a mode that
+# many versions late its samples were, how many of their tokens the clip band stopped (`clip_frac`; the
+# mean ratio to the policy it is centred on) or how much importance weights kept of them), so a mode that
 # learns less per step shows why. Each record also carries the run's selection bias so far
 # (engine/rollout/selection.py: trained against started mean turns, tokens and success).
 PER_STEP = (
@@ -77,6 +78,8 @@ PER_STEP = (
     "update_s",
     "reward_mean",
     "staleness_mean",
+    "clip_frac",
+    "ratio_mean",
     "is_weight_mean",
     "is_truncated_frac",
     "batch_action_tokens",
