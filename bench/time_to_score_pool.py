@@ -27,7 +27,8 @@ def _tuples(value: Any) -> Any:
 
 def refuse_training_options(args: Any, settings_cls: type) -> None:
     """With --pool, every option of a training call has nothing behind it: refused by name."""
-    given = [f.name for f in fields(settings_cls) if f.name not in ALLOWED and getattr(args, f.name, None)]
+    names = [f.name for f in fields(settings_cls) if f.name not in ALLOWED]
+    given = [name for name in names if getattr(args, name, None) is not None]  # as pick_settings reads them
     if getattr(args, "quick", False):
         given.append("quick")
     if given:

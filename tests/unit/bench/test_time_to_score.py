@@ -324,6 +324,8 @@ def test_pooling_refuses_files_that_do_not_belong_together_and_options_it_cannot
         _call(monkeypatch, tmp_path, ["--pool", a, call(0, "--steps", "11")])
     with pytest.raises(SystemExit, match="--seeds, --fixed-steps would change nothing"):
         _call(monkeypatch, tmp_path, ["--pool", a, "--seeds", "3", "--fixed-steps"])
+    with pytest.raises(SystemExit, match="--wait-ms would change nothing"):  # a zero is given too
+        _call(monkeypatch, tmp_path, ["--pool", a, "--wait-ms", "0"])
     (tmp_path / "other.json").write_text('{"rows": []}')
     with pytest.raises(SystemExit, match=r"other\.json: not a `bench time-to-score --json` file"):
         _call(monkeypatch, tmp_path, ["--pool", str(tmp_path / "other.json")])

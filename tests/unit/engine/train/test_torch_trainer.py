@@ -215,9 +215,12 @@ def test_trainer_scores_tokens_at_the_rollout_temperature(
         model, make_group, [(1.0, PROMPT, [5, 6]), (0.0, PROMPT, [7, 8])], temperature=2.0
     )
     batch = build_train_batch([group])
-    hot = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=2.0, clip_to="proximal"))
-    cold = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-9, temperature=1.0, clip_to="proximal"))
-    hot, cold = hot.train_step(batch), cold.train_step(batch)
+
+    def stats(temperature: float) -> dict[str, float]:
+        cfg = TrainerConfig(lr=1e-9, temperature=temperature, clip_to="proximal")  # it logs the IS weights
+        return TorchTrainer(copy.deepcopy(model), cfg).train_step(batch)
+
+    hot, cold = stats(2.0), stats(1.0)
     assert hot["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # behaviour = proximal: weight 1
     assert abs(cold["is_weight_mean"] - 1.0) > 1e-3
     with pytest.raises(ValueError, match="temperature must be > 0"):
