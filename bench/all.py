@@ -8,11 +8,14 @@ that fails (e.g. proxy-overhead without vLLM) is reported with its error and the
 without a `headline` function, or whose `headline` raises, is named in the headline table.
 
 The benchmarks on the simulated clock (`bench/clock.py`: their figures do not depend on the machine's load)
-run first, `SIMULATED_AT_ONCE` at a time, each in its own process with its output in DIR/NAME.log; then the
-wall-clock ones, one after another with the machine to themselves. (Running the simulated ones beside the
-wall-clock ones at the scheduler's idle priority saved ~90 s of the quick suite, but on this VM it did not
-isolate them: proxy-overhead's ratio, the first wall-clock benchmark, read 0.895 and 0.866 in two such suites
-against 0.955 and 0.990 alone. A busy vCPU is not an idle one to the host.)
+run first, `SIMULATED_AT_ONCE` at a time, each in its own process (at the lowest scheduling priority) with its
+output in DIR/NAME.log; then the wall-clock ones, one after another with the machine to themselves. With
+`--quick` a wall-clock benchmark whose verdict is counts, not times (its module's `BESIDE_SIMULATED` says
+why, e.g. faults: steps done, members lost), runs in this process while the simulated ones run: its times
+then include their load, which its section and its clock column say; the full suite runs it alone. Only
+those: the simulated ones at idle priority beside every wall-clock one saved ~90 s of the quick suite, but
+on this VM it did not isolate them (proxy-overhead's ratio, the first wall-clock benchmark, read 0.895 and
+0.866 in two such suites against 0.955 and 0.990 alone: a busy vCPU is not an idle one to the host).
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ def _section(name: str, result: dict[str, Any], out: Path) -> str:
     png = payload.get("png")
     if png:
         lines += [f"![{name}]({Path(png).resolve().relative_to(out.resolve())})", ""]
+    if result.get("beside"):
+        lines += [
+            f"Ran beside the simulated-clock benchmarks ({', '.join(result['beside'])}; quick suite): its "
+            "times include their load, its counts do not depend on it. The full suite runs it alone.",
+            "",
+        ]
     lines += [f"JSON: `{name}.json`; ran in {result['seconds']:.0f} s.", ""]
     return "\n".join(lines)
 
@@ -97,6 +106,7 @@ def headline_table(results: dict[str, dict[str, Any]], headlines: dict[str, list
     for name, rows in headlines.items():
         payload = results[name].get("payload", {})
         seeds = ", ".join(str(x) for x in payload.get("seeds", [])) or "—"
+        clock = payload.get("clock", "—") + (" (beside the simulated)" if results[name].get("beside") else "")
         lines += [
             {
                 "benchmark": name,
@@ -105,7 +115,7 @@ def headline_table(results: dict[str, dict[str, Any]], headlines: dict[str, list
                 "95% interval": interval(h.get("ci_low"), h.get("ci_high")),
                 "paper": number(h.get("paper")),
                 "ideal": number(h.get("ideal")),
-                "clock": payload.get("clock", "—"),
+                "clock": clock,
                 "seeds": seeds,
             }
             for h in rows
@@ -149,8 +159,14 @@ def _run_one(
         return {"error": traceback.format_exc(limit=3), "seconds": time.perf_counter() - t0}
 
 
+def beside_simulated(module: Any) -> bool:
+    """Whether a wall-clock benchmark may run beside the simulated ones in the quick suite (module doc)."""
+    return bool(getattr(module, "BESIDE_SIMULATED", ""))
+
+
 def _run_logged(name: str, path: str, quick: bool, out: Path) -> dict[str, Any]:
-    """`_run_one` in a pool process, its stdout and stderr going to DIR/NAME.log."""
+    """`_run_one` in a pool process (at the lowest priority), its stdout and stderr going to DIR/NAME.log."""
+    os.nice(19)  # beside a wall-clock benchmark (quick suite), that one comes first
     with open(out / f"{name}.log", "w") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -162,10 +178,14 @@ def _run_logged(name: str, path: str, quick: bool, out: Path) -> dict[str, Any]:
 
 
 def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run every benchmark in `names` (name -> module path), the simulated-clock ones side by side first
-    (module doc); their results and modules by name, in the order of `names`."""
+    """Run every benchmark in `names` (name -> module path), the simulated-clock ones side by side first, with
+    `quick` those wall-clock ones beside them that may be (module doc); their results and modules by name,
+    in the order of `names`."""
     modules = {name: importlib.import_module(path) for name, path in names.items()}
     simulated = [n for n, m in modules.items() if clock_of(m) == "virtual"]
+    beside = [
+        n for n, m in modules.items() if quick and simulated and n not in simulated and beside_simulated(m)
+    ]
     results: dict[str, dict[str, Any]] = {}
     if simulated:
         print(f"simulated clock, {SIMULATED_AT_ONCE} at a time: {', '.join(simulated)} (logs: {out}/*.log)")
@@ -173,6 +193,9 @@ def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, 
         context = get_context("spawn")
         with ProcessPoolExecutor(SIMULATED_AT_ONCE, mp_context=context, max_tasks_per_child=1) as pool:
             futures = {n: pool.submit(_run_logged, n, names[n], quick, out) for n in simulated}
+            for n in beside:
+                print(f"{n}: beside them ({modules[n].BESIDE_SIMULATED})", flush=True)
+                results[n] = _run_one(n, names[n], quick, out, results) | {"beside": simulated}
             for n, future in futures.items():
                 try:
                     results[n] = r = future.result()

@@ -41,7 +41,7 @@ from bench.async_runs import (
 
 PAPER_MAX_GAIN = 1.22  # best α over α = 1, throughput
 FULL = replace(RunSettings(), concurrency=32, env_sigma_ms=75.0, rounds=5)  # 5 seeds per α
-QUICK = replace(FULL, steps=3, rounds=3)  # the same workload: fewer steps, seeds and α values
+QUICK = replace(FULL, steps=2, rounds=3)  # the same workload: fewer steps, seeds and α values
 FULL_ALPHAS = (1, 2, 3, 4, 5, 6)
 QUICK_ALPHAS = (1, 2, 4)
 

@@ -30,6 +30,7 @@ BENCH = textwrap.dedent(
         clock: str = "{clock}"
 
     FULL = Settings()
+    BESIDE_SIMULATED = "{beside}"
 
     def add_arguments(p):
         pass
@@ -54,8 +55,10 @@ BENCH = textwrap.dedent(
 )
 
 
-def _module(root: Path, name: str, clock: str, fail: bool = False, meet: str = "") -> str:
-    (root / f"{name}.py").write_text(BENCH.format(name=name, clock=clock, fail=fail, meet=meet))
+def _module(root: Path, name: str, clock: str, fail: bool = False, meet: str = "", beside: str = "") -> str:
+    (root / f"{name}.py").write_text(
+        BENCH.format(name=name, clock=clock, fail=fail, meet=meet, beside=beside)
+    )
     return name
 
 
@@ -108,7 +111,7 @@ def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock
     mods.mkdir()
     monkeypatch.syspath_prepend(str(mods))
     (mods / "fake_sim_dies.py").write_text(
-        BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, meet="").replace(
+        BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, meet="", beside="").replace(
             "    t0 = time.time()", "    os._exit(3)"
         )
     )
@@ -117,6 +120,50 @@ def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock
     summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(tmp_path / "r"), skip=""))
     assert summary["failed"] == ["dies"] and "BrokenProcessPool" in summary["results"]["dies"]["error"]
     assert summary["results"]["wall_a"]["payload"]["rows"][0]["pid"] == os.getpid()
+
+
+def test_quick_runs_a_wall_clock_benchmark_that_may_beside_the_simulated_ones_and_says_so(
+    tmp_path, monkeypatch
+) -> None:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    monkeypatch.syspath_prepend(str(mods))
+    names = {
+        "counts": _module(mods, "fake_counts", "wall", meet="fake_sim_c", beside="its verdict is counts"),
+        "sim_c": _module(mods, "fake_sim_c", "virtual", meet="fake_counts"),  # ends once counts has started
+        "timed": _module(mods, "fake_timed", "wall"),
+        "all": "bench.all",
+    }
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
+    out = tmp_path / "report"
+    summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(out), skip=""))
+
+    results = summary["results"]
+    assert summary["failed"] == []
+    counts, sim, timed = (results[n]["payload"] for n in ("counts", "sim_c", "timed"))
+    assert counts["rows"][0]["pid"] == os.getpid() != sim["rows"][0]["pid"]  # here, the simulated one apart
+    assert max(counts["start"], sim["start"]) < min(counts["end"], sim["end"])  # at the same time
+    assert timed["start"] > max(counts["end"], sim["end"])  # a wall-clock one without the attribute: alone
+    assert results["counts"]["beside"] == ["sim_c"] and "beside" not in results["timed"]
+    report = (out / "report.md").read_text()
+    section = report[report.index("## counts") : report.index("## sim_c")]
+    assert "Ran beside the simulated-clock benchmarks (sim_c; quick suite)" in section
+    assert "| wall (beside the simulated) |" in report and "| wall |" in report  # the headline's clock column
+
+
+def test_the_full_suite_runs_every_wall_clock_benchmark_alone(tmp_path, monkeypatch) -> None:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    monkeypatch.syspath_prepend(str(mods))
+    names = {
+        "counts": _module(mods, "fake_counts_full", "wall", beside="its verdict is counts"),
+        "sim_d": _module(mods, "fake_sim_d", "virtual"),
+        "all": "bench.all",
+    }
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
+    summary = bench_all.run(argparse.Namespace(quick=False, json=None, out=str(tmp_path / "r"), skip=""))
+    counts, sim = (summary["results"][n] for n in ("counts", "sim_d"))
+    assert counts["payload"]["start"] > sim["payload"]["end"] and "beside" not in counts
 
 
 @pytest.mark.parametrize(("module", "clock"), [("bench.pd", "virtual"), ("bench.faults", "wall")])
