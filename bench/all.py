@@ -16,11 +16,15 @@ then include their load, which its section and its clock column say; the full su
 those: the simulated ones at idle priority beside every wall-clock one saved ~90 s of the quick suite, but
 on this VM it did not isolate them (proxy-overhead's ratio, the first wall-clock benchmark, read 0.895 and
 0.866 in two such suites against 0.955 and 0.990 alone: a busy vCPU is not an idle one to the host).
+Consecutive wall-clock benchmarks whose modules name the same `SUITE_SESSION` (a context manager, e.g.
+`bench.async_runs.suite_session`: one Ray and its kept workers for async-modes, then alpha-sweep) run inside
+one of it, opened before the first and closed after the last.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -202,10 +206,27 @@ def _run_each(names: dict[str, str], quick: bool, out: Path) -> tuple[dict[str, 
                 except Exception:  # its process died (and with it the pool: those after it fail alike)
                     results[n] = r = {"error": traceback.format_exc(limit=3), "seconds": 0.0}
                 print(f"{n}: {'failed' if 'error' in r else 'done'} in {r['seconds']:.0f} s", flush=True)
-    for n in names:
-        if n not in results:
-            results[n] = _run_one(n, names[n], quick, out, results)
+    _run_alone(names, modules, quick, out, results)
     return {n: results[n] for n in names}, modules
+
+
+def _run_alone(
+    names: dict[str, str], modules: dict[str, Any], quick: bool, out: Path, results: dict[str, Any]
+) -> None:
+    """The benchmarks not in `results` yet, one after another in this process; consecutive ones whose
+    modules name the same `SUITE_SESSION` run inside one of it (module doc)."""
+    with contextlib.ExitStack() as stack:
+        current: Any = None
+        for n in names:
+            if n in results:
+                continue
+            session = getattr(modules[n], "SUITE_SESSION", None)
+            if session is not current:
+                stack.close()  # the last one's session ends before another starts
+                if session is not None:
+                    stack.enter_context(session())
+                current = session
+            results[n] = _run_one(n, names[n], quick, out, results)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -36,9 +36,11 @@ from bench.async_runs import (
     interval_fields,
     round_seeds,
     run_all,
+    suite_session,
     summarize_runs,
 )
 
+SUITE_SESSION = suite_session  # bench/all.py: one Ray and its kept workers with the next such benchmark
 PAPER_MAX_GAIN = 1.22  # best α over α = 1, throughput
 FULL = replace(RunSettings(), concurrency=32, env_sigma_ms=75.0, rounds=5)  # 5 seeds per α
 QUICK = replace(FULL, steps=2, rounds=3)  # the same workload: fewer steps, seeds and α values

@@ -51,10 +51,12 @@ from bench.async_runs import (
     interval_fields,
     round_seeds,
     run_all,
+    suite_session,
     summarize_runs,
 )
 from engine.modes import policy
 
+SUITE_SESSION = suite_session  # bench/all.py: one Ray and its kept workers with the next such benchmark
 PAPER_SPEEDUP = (2.65, 4.58)  # RollArt end-to-end throughput over the synchronous baseline
 FULL = replace(RunSettings(), rounds=5)  # 5 seeds per mode
 QUICK = replace(FULL, steps=3, rounds=3)  # the same workload, fewer steps and seeds

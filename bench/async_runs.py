@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -272,11 +273,32 @@ def run_order(configs: int, rounds: int) -> list[tuple[int, int]]:
     return [(r, (r + j) % configs) for r in range(rounds) for j in range(configs)]
 
 
+_kept: list[WarmWorkers] = []  # the workers `suite_session` keeps between `run_all` calls, while it is open
+
+
+@contextlib.contextmanager
+def suite_session() -> Iterator[WarmWorkers]:
+    """While open, `run_all` calls share one Ray session and one `WarmWorkers` (`rollart bench all` opens it
+    around the benchmarks built on this module that run one after another): a later call skips Ray's start
+    and its workers' cold start. Their runs ask Ray for the same resources (`experiment_data` sets none)."""
+    import ray
+
+    from engine.core.warm import WarmWorkers
+
+    _kept.append(warm := WarmWorkers())
+    try:
+        yield warm
+    finally:
+        _kept.pop().close()
+        ray.shutdown()
+
+
 def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[str, Any]]]:
     """Run every (mode, α) of `plan` once per round (`run_order`, round r on seed `round_seeds(s)[r]`),
     in one Ray session, from one model directory (built from `s.seed`). The trainer's, generation
     workers' and rollout's processes pass from run to run (`WarmWorkers`): a run's start-up is its model
-    load, not importing torch again (what each step measures is the same either way).
+    load, not importing torch again (what each step measures is the same either way). Inside
+    `suite_session`, the session and workers are its own, kept for the next call.
 
     Returns, per plan entry, its runs in round order (so the k-th runs of two entries share a seed).
     """
@@ -286,23 +308,22 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
     from engine.models.tiny import init_model
 
     out: list[list[dict[str, Any]]] = [[] for _ in plan]
-    with tempfile.TemporaryDirectory(prefix="rollart-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-") as tmp, contextlib.ExitStack() as own:
         root = Path(tmp)
         model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
-        try:
-            seeds = round_seeds(s)
-            with WarmWorkers() as warm:
-                for k, i in run_order(len(plan), s.rounds):
-                    mode, alpha = plan[i]
-                    r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"), warm)
-                    out[i].append(r)
-                    print(
-                        f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "
-                        f"s/step, {r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
-                        flush=True,
-                    )
-        finally:
-            ray.shutdown()
+        if not _kept:  # this call's own session: its workers closed, then Ray shut down, on the way out
+            own.callback(ray.shutdown)
+        warm = _kept[-1] if _kept else own.enter_context(WarmWorkers())
+        seeds = round_seeds(s)
+        for k, i in run_order(len(plan), s.rounds):
+            mode, alpha = plan[i]
+            r = _run_one(replace(s, seed=seeds[k]), mode, alpha, model_dir, str(root / "runs"), warm)
+            out[i].append(r)
+            print(
+                f"round {k + 1}/{s.rounds} (seed {seeds[k]}) {mode} α={alpha}: {r['step_s']:.2f} "
+                f"s/step, {r['tokens_per_s']:.0f} tokens/s, {r['aborted']} aborted",
+                flush=True,
+            )
     return out
 
 

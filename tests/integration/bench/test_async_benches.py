@@ -4,8 +4,10 @@ import argparse
 import json
 
 import pytest
+import ray
 
 from bench import alpha_sweep, async_modes
+from bench.async_runs import RunSettings, run_all, suite_session
 from engine.weights.transfer import WeightPrefetcher
 
 POLL_MAX_S = WeightPrefetcher.POLL_S[1] + 1e-3  # a pull looks for a bucket not there yet at most this often
@@ -77,3 +79,16 @@ def test_alpha_sweep_bounds_staleness_by_each_alpha(tmp_path):
     assert payload["config"]["envs"] == 8
     assert json.loads(out.read_text()) == payload
     assert (tmp_path / "as.png").stat().st_size > 0
+
+
+def test_run_all_calls_in_a_suite_session_share_ray_and_the_workers():
+    s = RunSettings(**{k: v for k, v in SMALL.items() if k != "quick"}, store="ray")
+    with suite_session() as warm:
+        [[first]] = run_all(s, [("sync+", 0)])
+        assert ray.is_initialized() and warm.reused == 0  # kept for the next call
+        [[second]] = run_all(s, [("sync", 0)])
+        assert warm.reused >= 3  # trainer, generation worker, rollout: rebuilt, not started again
+    assert not ray.is_initialized()
+    assert first["mode"] == "sync+" and second["mode"] == "sync" and second["tokens_per_s"] > 0
+    run_all(s, [("sync", 0)])  # outside a session: its own Ray, shut down on the way out
+    assert not ray.is_initialized()

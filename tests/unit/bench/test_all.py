@@ -2,6 +2,7 @@
 that opens with every benchmark's headline figures."""
 
 import argparse
+import contextlib
 import importlib
 import sys
 import types
@@ -428,3 +429,45 @@ def test_a_benchmarks_suite_args_sees_the_results_of_those_run_before_it(tmp_pat
     summary = bench_all.run(args)
     assert list(seen) == ["first"]
     assert summary["results"]["second"]["payload"]["rows"][0]["size"] == 2
+
+
+def test_consecutive_benchmarks_naming_one_suite_session_run_inside_one_of_it(tmp_path, monkeypatch) -> None:
+    events: list[str] = []
+
+    def session(name: str) -> Any:
+        @contextlib.contextmanager
+        def opened() -> Any:
+            events.append(f"open {name}")
+            yield
+            events.append(f"close {name}")
+
+        return opened
+
+    one, two = session("one"), session("two")
+    plan = {"a": None, "b": one, "c": one, "d": None, "e": two, "f": one}
+    names = {}
+    for n, s in plan.items():
+        module = _fake(f"fake_{n}", fail=n == "c")  # a failing one stays inside its session
+        run = module.run
+        module.run = lambda args, n=n, run=run: events.append(n) or run(args)
+        if s is not None:
+            module.SUITE_SESSION = s
+        monkeypatch.setitem(sys.modules, f"fake_{n}", module)
+        names[n] = f"fake_{n}"
+    monkeypatch.setattr(bench, "BENCHMARKS", names)
+    summary = bench_all.run(argparse.Namespace(quick=True, json=None, out=str(tmp_path / "r"), skip=""))
+    assert events == [
+        "a",
+        "open one",
+        "b",
+        "c",
+        "close one",
+        "d",
+        "open two",
+        "e",
+        "close two",
+        "open one",
+        "f",
+        "close one",
+    ]
+    assert summary["failed"] == ["c"]
