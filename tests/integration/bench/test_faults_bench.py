@@ -13,7 +13,11 @@ def test_every_run_does_every_step_whole_groups_only_through_the_faults():
     assert [(r["redundancy"], r["failure_rate"]) for r in runs] == [(2, 0.0), (2, 0.2)]
     for r in runs:
         assert (r["error"], r["steps_done"], r["lost"], r["partial_groups_trained"]) == ("", 2, 0, 0), r
-        assert r["gen0_restarted"] and r["gen_requests_retried"] >= 1  # killed, back, its requests served
+        # killed and back, and every request its death failed was sent again (to gen-1). Not asserted: that it
+        # held one. It dies on a request, but that request's member may be cut at that instant (a spare, once
+        # its group has G: r = 2), leaving nothing to retry (seen once in a full `make test`); the proxy's
+        # retries themselves: tests/unit/engine/rollout/test_proxy_worker_death.py
+        assert r["gen0_restarted"] and r["gen_requests_retried"] == r["gen_requests_failed"], r
     # injected crashes where the rate says, none at rate 0. Timeouts are not counted here: an injected hang
     # and a call starved past `env_timeout_s` on a loaded box (seen at rate 0 in a full `make test`) look
     # alike, and both are handled as any failure, which the whole-groups and nothing-lost checks cover
