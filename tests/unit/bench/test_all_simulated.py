@@ -55,6 +55,15 @@ BENCH = textwrap.dedent(
 )
 
 
+@pytest.fixture
+def mods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory on sys.path for the fake benchmark modules (a spawned process imports them by name)."""
+    root = tmp_path / "mods"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
 def _module(root: Path, name: str, clock: str, fail: bool = False, meet: str = "", beside: str = "") -> str:
     (root / f"{name}.py").write_text(
         BENCH.format(name=name, clock=clock, fail=fail, meet=meet, beside=beside)
@@ -62,10 +71,7 @@ def _module(root: Path, name: str, clock: str, fail: bool = False, meet: str = "
     return name
 
 
-def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, monkeypatch) -> None:
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    monkeypatch.syspath_prepend(str(mods))
+def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, monkeypatch, mods) -> None:
     names = {
         "wall_a": _module(mods, "fake_wall_a", "wall"),
         "sim_a": _module(mods, "fake_sim_a", "virtual", meet="fake_sim_b"),  # each ends only once the
@@ -105,11 +111,8 @@ def test_simulated_benchmarks_run_side_by_side_in_their_own_processes(tmp_path, 
 
 
 def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock_ones_still_run(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, mods
 ) -> None:
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    monkeypatch.syspath_prepend(str(mods))
     (mods / "fake_sim_dies.py").write_text(
         BENCH.format(name="fake_sim_dies", clock="virtual", fail=False, meet="", beside="").replace(
             "    t0 = time.time()", "    os._exit(3)"
@@ -123,11 +126,8 @@ def test_a_simulated_benchmark_whose_process_dies_is_reported_and_the_wall_clock
 
 
 def test_quick_runs_a_wall_clock_benchmark_that_may_beside_the_simulated_ones_and_says_so(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, mods
 ) -> None:
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    monkeypatch.syspath_prepend(str(mods))
     names = {
         "counts": _module(mods, "fake_counts", "wall", meet="fake_sim_c", beside="its verdict is counts"),
         "sim_c": _module(mods, "fake_sim_c", "virtual", meet="fake_counts"),  # ends once counts has started
@@ -151,10 +151,7 @@ def test_quick_runs_a_wall_clock_benchmark_that_may_beside_the_simulated_ones_an
     assert "| wall (beside the simulated) |" in report and "| wall |" in report  # the headline's clock column
 
 
-def test_the_full_suite_runs_every_wall_clock_benchmark_alone(tmp_path, monkeypatch) -> None:
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    monkeypatch.syspath_prepend(str(mods))
+def test_the_full_suite_runs_every_wall_clock_benchmark_alone(tmp_path, monkeypatch, mods) -> None:
     names = {
         "counts": _module(mods, "fake_counts_full", "wall", beside="its verdict is counts"),
         "sim_d": _module(mods, "fake_sim_d", "virtual"),
