@@ -297,23 +297,19 @@ def run_all(s: RunSettings, plan: Sequence[tuple[str, int]]) -> list[list[dict[s
     """Run every (mode, α) of `plan` once per round (`run_order`, round r on seed `round_seeds(s)[r]`),
     in one Ray session, from one model directory (built from `s.seed`). The trainer's, generation
     workers' and rollout's processes pass from run to run (`WarmWorkers`): a run's start-up is its model
-    load, not importing torch again (what each step measures is the same either way). Inside
-    `suite_session`, the session and workers are its own, kept for the next call.
+    load, not importing torch again (what each step measures is the same either way). Inside an open
+    `suite_session` they are its; outside, the call opens one of its own for its runs.
 
     Returns, per plan entry, its runs in round order (so the k-th runs of two entries share a seed).
     """
-    import ray
-
-    from engine.core.warm import WarmWorkers
     from engine.models.tiny import init_model
 
     out: list[list[dict[str, Any]]] = [[] for _ in plan]
     with tempfile.TemporaryDirectory(prefix="rollart-bench-") as tmp, contextlib.ExitStack() as own:
         root = Path(tmp)
         model_dir = str(init_model(s.size, root / "model", seed=s.seed))  # type: ignore[arg-type]
-        if not _kept:  # this call's own session: its workers closed, then Ray shut down, on the way out
-            own.callback(ray.shutdown)
-        warm = _kept[-1] if _kept else own.enter_context(WarmWorkers())
+        # the open suite session's workers, else a session of its own, ended on the way out
+        warm = _kept[-1] if _kept else own.enter_context(suite_session())
         seeds = round_seeds(s)
         for k, i in run_order(len(plan), s.rounds):
             mode, alpha = plan[i]
