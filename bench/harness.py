@@ -322,11 +322,6 @@ async def run_to_batch(
 POOL_KIND = {"H800": "gpu-compute", "H20": "gpu-bandwidth", "H200": "gpu-bandwidth"}
 
 
-def min_sleep_s(unit_s: float) -> float:
-    """Engines pace in waits of at least 10 ms modelled (1 ms wall at the least): finer adds loop turns."""
-    return max(1e-3, 0.01 * unit_s)
-
-
 def modelled_slots(
     model: str,
     fleet: dict[str, int],
@@ -352,7 +347,7 @@ def modelled_slots(
             POOL_KIND[name],
             ModelledBackend(
                 get_model(model), get_device(name), time_scale=unit_s, max_batch=max_batch,
-                output_tokens=lengths, seed=seed, min_sleep_s=min_sleep_s(unit_s), mfu=mfu, mbu=mbu,
+                output_tokens=lengths, seed=seed, mfu=mfu, mbu=mbu,
             ),
             capacity=capacity,
         )

@@ -65,7 +65,6 @@ from bench.harness import (
     busy_share,
     clock_note,
     clock_unit_s,
-    min_sleep_s,
     output_tokens,
     rollout_step,
 )
@@ -117,8 +116,7 @@ def slots(s: Settings, model_name: str, config: str, unit_s: float, seed: int) -
     model, decode = get_model(model_name), get_device(s.decode_device)
     prefill_gpus, decode_gpus = CONFIGS[config]
     count, tp = (1, decode_gpus) if model.experts else (decode_gpus, 1)  # MoE: one EP engine (module doc)
-    kw = {"time_scale": unit_s, "output_tokens": output_tokens(_workloads(s)), "seed": seed,
-          "min_sleep_s": min_sleep_s(unit_s)}  # fmt: skip
+    kw = {"time_scale": unit_s, "output_tokens": output_tokens(_workloads(s)), "seed": seed}
     if not prefill_gpus:
         engines = [ModelledBackend(model, decode, tp, **kw) for _ in range(count)]
     else:

@@ -45,7 +45,6 @@ from bench.harness import (
     clock_note,
     clock_unit_s,
     measured_gc,
-    min_sleep_s,
     run_to_batch,
 )
 from engine.envs.base import Env, EnvStep
@@ -192,7 +191,6 @@ async def rollout_step(
         get_device(DEVICE),
         time_scale=unit_s,
         max_batch=s.envs,
-        min_sleep_s=min_sleep_s(unit_s),
     )
     proxy = LLMProxy([GenSlot("gen0", "gpu-compute", backend, capacity=s.envs)])
     groups = s.envs // GROUP_SIZE

@@ -57,7 +57,6 @@ from bench.harness import (
     agentic_mix,
     clock_note,
     clock_unit_s,
-    min_sleep_s,
     modelled_slots,
     rollout_step,
 )
@@ -242,9 +241,7 @@ async def _measure(s: Settings, c: Config, seed: int, unit_s: float) -> dict[str
     gen = modelled_slots(JUDGE_MODEL, {DEVICE: c.gen_gpus}, w, unit_s=unit_s, capacity=1 << 20, seed=seed)
 
     def judge_engine() -> ModelledBackend:
-        return ModelledBackend(
-            get_model(JUDGE_MODEL), get_device(DEVICE), time_scale=unit_s, min_sleep_s=min_sleep_s(unit_s)
-        )
+        return ModelledBackend(get_model(JUDGE_MODEL), get_device(DEVICE), time_scale=unit_s)
 
     judges = [
         GenSlot(f"judge-{i}", "gpu-compute", judge_engine(), capacity=1 << 20) for i in range(c.reserved)

@@ -11,15 +11,17 @@ read, are not modelled. A request leaves the batch after its number of output to
 ids (`token_id`), log-probs of `LOGPROB` each and the version at admission. Time is real but scaled: the
 engine waits `time_scale` wall seconds per modelled second, so the callers feel the queueing and batching.
 
-Cheap to simulate: between *events* (an admission or a finish) the batch is fixed and a step's KV grows
-linearly, so the engine advances many steps at once in closed form (`decode_steps_s`) — O(events), not
-O(steps x batch). Sleeps shorter than `min_sleep_s` (wall) are not taken one by one: the engine runs
-iterations until it owes at least `min_sleep_s`, sleeps that much, then returns the requests that finished
-meanwhile. Oversleeping (a loaded event loop) is credited against the next iterations, so throughput keeps
-to modelled x time_scale; the price is that an arrival joins the batch up to `min_sleep_s` late and a
-result may come back that much early or late. Idle, no task runs: the next request starts the engine.
-Waits and timestamps go by the event loop's clock (`clock`), so under a loop with a simulated clock
-(`bench.clock`) the same engine runs in simulated time.
+Cheap to simulate, and exact at the step: the engine works in *segments*, from one event to the next.
+A segment is the admitted requests' prefill pass and then the decode steps up to the next finish; between
+events the batch is fixed and a step's KV grows linearly, so its time is one closed form
+(`decode_steps_s`) and it is taken as one sleep — O(events), not O(steps x batch). An event that comes
+in during a segment (an arrival, an abort, new weights) cuts it at the decode step boundary at or after
+its time, where the engine takes it in, as a continuous-batching engine does between two steps; the
+requests that finished are returned at the end of their step. Each segment starts where the last was
+planned to end, so oversleeping (a loaded event loop) is credited and throughput keeps to modelled x
+time_scale. Idle, no task runs: the next request starts the engine. Waits and timestamps go by the
+event loop's clock (`clock`), so under a loop with a simulated clock (`bench.clock`) the same engine runs
+in simulated time.
 
 KV memory (`kv_tokens`, default: what fits in device memory next to the weights) holds the running batch
 and the prefix cache. A request is admitted only if its prompt and all its output tokens fit next to the
@@ -43,11 +45,12 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from engine.backends.base import GenerationBackend
-from engine.backends.pacing import Pacer, clock
+from engine.backends.modelled_state import Counters, ModelledSeq, Segment, need
+from engine.backends.pacing import Alarm, clock
 from engine.backends.prefix_cache import PrefixCache
 from engine.devices import (
     DecodeCost,
@@ -61,43 +64,6 @@ from engine.types import GenOutput, GenRequest
 
 LOGPROB = -1.0  # behaviour log-prob reported for every fake token
 OutputTokens = int | Callable[[GenRequest, random.Random], int] | None
-
-
-@dataclass(eq=False)
-class ModelledSeq:
-    """One request's state inside the engine."""
-
-    request: GenRequest
-    future: asyncio.Future[GenOutput]
-    target: int  # output tokens it will generate
-    submitted: float  # wall clock
-    admitted: float = 0.0  # wall clock, when it joined the decode batch
-    version: int = -1
-    prefilled: bool = False  # prompt KV already computed elsewhere (PD)
-    reserved: bool = False  # holds KV memory on its engine: from admission until it leaves the batch
-    prefill_tokens: int = 0  # prompt tokens computed, i.e. not found in the prefix cache
-    cached_tokens: int = 0
-    start_step: int = 0  # engine decode step that produces its first token
-    started_s: float = 0.0  # engine busy clock (modelled s) at admission
-    generated: int = 0
-    modelled_s: float = 0.0  # modelled seconds from admission to leaving the batch
-    finish_reason: str = ""
-
-
-@dataclass
-class _Counters:
-    requests: int = 0
-    finished: int = 0
-    aborted: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    recomputed_tokens: int = 0  # running contexts re-prefilled after new weights
-    generated_tokens: int = 0
-
-
-def _need(seq: ModelledSeq) -> int:
-    """KV tokens `seq` holds once admitted: its prompt and every output token it will generate."""
-    return len(seq.request.prompt_ids) + seq.target
 
 
 class ModelledBackend(GenerationBackend):
@@ -123,12 +89,9 @@ class ModelledBackend(GenerationBackend):
         mbu: float = 1.0,
         kv_tokens: int | None = None,
         token_id: int = 0,
-        min_sleep_s: float = 1e-3,
     ) -> None:
-        if tp < 1 or max_batch < 1:
-            raise ValueError(f"need tp >= 1 and max_batch >= 1, got tp={tp}, max_batch={max_batch}")
-        if time_scale <= 0 or min_sleep_s < 0:
-            raise ValueError(f"need time_scale > 0 and min_sleep_s >= 0, got {time_scale}, {min_sleep_s}")
+        if tp < 1 or max_batch < 1 or time_scale <= 0:
+            raise ValueError(f"need tp >= 1, max_batch >= 1, time_scale > 0: {tp}, {max_batch}, {time_scale}")
         if not (0 < mfu <= 1 and 0 < mbu <= 1):
             raise ValueError(f"mfu and mbu are fractions of peak in (0, 1], got {mfu}, {mbu}")
         self.model, self.device, self.tp = model, device, tp
@@ -141,7 +104,9 @@ class ModelledBackend(GenerationBackend):
         self._cache = PrefixCache() if prefix_cache else None
         self._output_tokens = output_tokens
         self._seed = seed
-        self._pacer = Pacer(time_scale, min_sleep_s)
+        self._alarm = Alarm()  # the end of the segment in flight (module doc)
+        self._segment: Segment | None = None
+        self._next_start: float | None = None  # loop time the next segment starts: the last one's end
         self._decode_s = DecodeCost(model, device, tp, mfu=mfu, mbu=mbu)
         self._inflight: dict[str, ModelledSeq] = {}
         self._waiting: deque[ModelledSeq] = deque()  # waiting for KV memory
@@ -154,7 +119,7 @@ class ModelledBackend(GenerationBackend):
         self._stale = False  # new weights: running KV must be recomputed
         self._busy_s = 0.0  # modelled seconds the device worked
         self._created = clock()
-        self._counters = _Counters()
+        self._counters = Counters()
         self._loop_task: asyncio.Task[None] | None = None
 
     # ---- public API -------------------------------------------------------------------------------
@@ -184,6 +149,8 @@ class ModelledBackend(GenerationBackend):
         self._stale = bool(self._running)
         if self._cache is not None:
             self._cache.clear()
+        if self._loop_task is not None:  # recomputed from the next step on (a sync caller may be on a thread)
+            self._loop_task.get_loop().call_soon_threadsafe(self._interrupt)
 
     async def abort(self, request_id: str) -> None:
         seq = self._inflight.get(request_id)
@@ -237,13 +204,13 @@ class ModelledBackend(GenerationBackend):
         while self._waiting:
             seq = self._waiting[0]
             if not seq.finish_reason:  # else aborted while waiting: dropped here
-                full = self._reserved and self._reserved + _need(seq) > self.kv_tokens
+                full = self._reserved and self._reserved + need(seq) > self.kv_tokens
                 if full or self._holders >= self.max_batch:
                     break
                 self._lookup(seq)  # its cached prefix becomes part of its reservation
                 seq.reserved = True
                 self._holders += 1
-                self._reserved += _need(seq)
+                self._reserved += need(seq)
                 if self._cache is not None:  # the cache lives in the memory the admitted ones leave free
                     self._cache.fit(self.kv_tokens - self._reserved)
                 self._start(seq)
@@ -251,8 +218,12 @@ class ModelledBackend(GenerationBackend):
         return bool(self._running or self._ready)
 
     def _ensure_loop(self) -> None:
+        """Start the engine for new work, or take it in at the next step boundary when it runs."""
         if self._loop_task is None:
+            self._next_start = clock()
             self._loop_task = asyncio.create_task(self._run())
+        else:
+            self._interrupt()
 
     def _prefill_cost(self, tokens: int, pairs: int, longest: int) -> float:
         """Modelled seconds to (re)compute the KV of `tokens` tokens for the decode batch, whose attention
@@ -267,11 +238,10 @@ class ModelledBackend(GenerationBackend):
     async def _run(self) -> None:
         try:
             while self._has_batch():
-                done: list[ModelledSeq] = []
-                while not self._pacer.due and self._has_batch():
-                    done += self._iterate()
-                await self._pacer.pay()
-                for seq in done:
+                assert self._next_start is not None
+                await self._alarm.until(self._plan(self._next_start))
+                self._segment = None
+                for seq in self._finished():
                     self._resolve(seq)
         except Exception as exc:  # an engine bug must fail its callers, not hang them
             for seq in list(self._inflight.values()):
@@ -279,25 +249,50 @@ class ModelledBackend(GenerationBackend):
                     seq.future.set_exception(exc)
             raise
         finally:
-            self._loop_task = None
-            self._pacer.reset()
+            self._loop_task = self._segment = self._next_start = None
 
-    def _iterate(self) -> list[ModelledSeq]:
-        """Prefill the admitted, then decode steps of the batch to the next finish (or the sleep budget)."""
-        cost = self._prefill() if self._stale or self._ready else 0.0
+    def _plan(self, start: float) -> float:
+        """Commit the segment starting at loop time `start`: the admitted join the batch (one prefill pass),
+        then decode steps to the next finish. Returns the loop time it ends."""
+        prefill = self._prefill() if self._stale or self._ready else 0.0
         finishing = self._finishing
         while finishing and finishing[0][2].finish_reason:  # aborted while running
             heapq.heappop(finishing)
-        if batch := len(self._running):
-            context = self._context
-            first = self._decode_s(context, 1, batch)
-            steps = min(finishing[0][0] - self._step, max(1, int((self._pacer.budget_s() - cost) / first)))
-            cost += first if steps == 1 else self._decode_s(context, steps, batch)
-            self._step += steps
-            self._context = context + batch * steps
-        self._busy_s += cost
-        self._pacer.owe(cost)
+        batch = len(self._running)
+        steps = finishing[0][0] - self._step if batch else 0
+        segment = Segment(start, prefill, steps, self._step, self._context, batch, self._busy_s)
+        self._segment = segment
+        return self._commit(segment, steps)
+
+    def _commit(self, segment: Segment, steps: int) -> float:
+        """The engine's state at the end of `segment`'s first `steps` decode steps; the loop time they end."""
+        cost = segment.prefill_s + (self._decode_s(segment.context, steps, segment.batch) if steps else 0.0)
+        segment.steps = steps
+        self._step = segment.step + steps
+        self._context = segment.context + segment.batch * steps
+        self._busy_s = segment.busy_s + cost
+        self._next_start = segment.start + cost * self.time_scale
+        return self._next_start
+
+    def _interrupt(self) -> None:
+        """An event during the segment in flight: it is cut at the decode step boundary at or after now, where
+        the engine takes the event in (module doc)."""
+        segment = self._segment
+        if segment is None or segment.steps <= 1:
+            return
+        spent = (clock() - segment.start) / self.time_scale - segment.prefill_s  # decoding, modelled s
+        low, high = 1, segment.steps  # the first step that ends at or after now
+        while low < high:
+            mid = (low + high) // 2
+            done = self._decode_s(segment.context, mid, segment.batch) >= spent
+            low, high = (low, mid) if done else (mid + 1, high)
+        if low < segment.steps:
+            self._alarm.move(self._commit(segment, low))
+
+    def _finished(self) -> list[ModelledSeq]:
+        """The running requests whose last token the segment just ended made: out of the batch."""
         done = []
+        finishing = self._finishing
         while finishing and finishing[0][0] <= self._step:
             seq = heapq.heappop(finishing)[2]
             if not seq.finish_reason:
@@ -346,7 +341,7 @@ class ModelledBackend(GenerationBackend):
         """`seq` gives back its KV memory and batch slot."""
         seq.reserved = False
         self._holders -= 1
-        self._reserved -= _need(seq)
+        self._reserved -= need(seq)
 
     def _leave(self, seq: ModelledSeq, reason: str) -> None:
         """Take a running `seq` out of the batch; its KV (prompt + output) goes to the prefix cache."""
@@ -363,9 +358,11 @@ class ModelledBackend(GenerationBackend):
             self._cache.store(seq.request.trajectory_id, ids, self.kv_tokens - self._reserved)
 
     def _drop(self, seq: ModelledSeq) -> None:
-        """Abort `seq` wherever it is; a finished one waiting for its pacing sleep is left alone."""
+        """Abort `seq` wherever it is (the segment in flight is cut at the step it is in); a finished one is
+        left alone."""
         if seq.finish_reason:
             return
+        self._interrupt()
         if seq.request.request_id in self._running:
             self._leave(seq, "abort")
         elif seq.reserved:  # admitted, not yet in the batch (PD: in its prefill stage)

@@ -1,7 +1,8 @@
-"""Modelled time as waiting: the event loop's clock, and a pacer that sleeps modelled seconds x time_scale.
+"""Modelled time as waiting: the event loop's clock, a pacer that sleeps modelled seconds x time_scale, and a
+wake-up whose time can be moved while it is awaited (the modelled engine's next event).
 
-Every wait and timestamp of the modelled engine goes by the running loop's clock, so under a loop with a
-simulated clock (`bench.clock`) the same engine runs in simulated time.
+Every wait and timestamp of the modelled engines goes by the running loop's clock, so under a loop with a
+simulated clock (`bench.clock`) the same engines run in simulated time.
 """
 
 from __future__ import annotations
@@ -23,23 +24,15 @@ def clock() -> float:
 
 
 class Pacer:
-    """Turns modelled seconds into wall-clock waiting, one sleep per `min_sleep_s` owed (module doc)."""
+    """Turns modelled seconds into wall-clock waiting: what is owed is slept at `pay`; oversleeping (a loaded
+    event loop) is credited against the next payments, so throughput keeps to modelled x time_scale."""
 
-    def __init__(self, time_scale: float, min_sleep_s: float) -> None:
+    def __init__(self, time_scale: float) -> None:
         self.time_scale = time_scale
-        self.min_sleep_s = min_sleep_s
-        self.debt = 0.0  # wall seconds owed; negative = overslept, credited to the next iterations
+        self.debt = 0.0  # wall seconds owed; negative = overslept, credited to the next payments
 
     def owe(self, modelled_s: float) -> None:
         self.debt += modelled_s * self.time_scale
-
-    @property
-    def due(self) -> bool:
-        return self.debt >= self.min_sleep_s and self.debt > 0  # min_sleep_s = 0: sleep after every iteration
-
-    def budget_s(self) -> float:
-        """Modelled seconds that may still run before a sleep is due."""
-        return (self.min_sleep_s - self.debt) / self.time_scale
 
     async def pay(self) -> None:
         if self.debt <= 0:
@@ -51,3 +44,36 @@ class Pacer:
 
     def reset(self) -> None:
         self.debt = 0.0
+
+
+def _ring(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Alarm:
+    """One awaited wake-up at a loop time (`bench.clock`'s loop jumps to it) that `move` can bring forward or
+    push back while it is awaited."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def until(self, at: float) -> None:
+        """Return at loop time `at`, or when `move` says, whichever it was last set to."""
+        self._future = asyncio.get_running_loop().create_future()
+        self.move(at)
+        try:
+            await self._future
+        finally:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._future = self._handle = None
+
+    def move(self, at: float) -> None:
+        """Ring at loop time `at` instead (no-op when nothing awaits the alarm)."""
+        if self._future is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = asyncio.get_running_loop().call_at(at, _ring, self._future)

@@ -25,7 +25,8 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from engine.backends.modelled import ModelledBackend, ModelledSeq
+from engine.backends.modelled import ModelledBackend
+from engine.backends.modelled_state import ModelledSeq
 from engine.backends.pacing import Pacer, clock
 from engine.devices import DeviceProfile, ModelProfile, attention_pairs, kv_transfer_s, prefill_only_s
 
@@ -57,7 +58,7 @@ class PrefillStage:
         self.transfer_s = 0.0  # modelled seconds of KV shipping
         self.batches = 0
         self._queue: deque[tuple[ModelledSeq, PDBackend]] = deque()
-        self._pacer = Pacer(time_scale, 0.0)
+        self._pacer = Pacer(time_scale)
         self._task: asyncio.Task[None] | None = None
         self._created = clock()
 

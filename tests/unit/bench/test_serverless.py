@@ -24,9 +24,7 @@ def _req(i: int, tokens: int) -> GenRequest:
 
 
 def _judge(endpoint: Endpoint) -> ServerlessJudge:
-    return ServerlessJudge(
-        lambda: ModelledBackend(QWEN7B, H800, time_scale=1.0, min_sleep_s=0.0), endpoint, 1.0
-    )
+    return ServerlessJudge(lambda: ModelledBackend(QWEN7B, H800, time_scale=1.0), endpoint, 1.0)
 
 
 def test_endpoint_cold_starts_reuses_warm_instances_and_bills_the_keep_alive() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from engine.backends.modelled import LOGPROB, ModelledBackend
 from engine.devices import (
+    DecodeCost,
     ModelProfile,
     attention_pairs,
     decode_step_s,
@@ -244,9 +245,30 @@ async def test_user_errors_are_explained() -> None:
     assert (await first).finish_reason == "length"
 
 
-async def test_no_minimum_sleep_sleeps_after_every_iteration() -> None:
-    backend = ModelledBackend(QWEN7B, H800, time_scale=0.01, min_sleep_s=0.0)
-    outs = await asyncio.wait_for(
-        asyncio.gather(*(backend.generate(request(f"r{i}", 50, 5 + i)) for i in range(3))), 10
-    )
-    assert [len(o.token_ids) for o in outs] == [5, 6, 7]
+@on_simulated_clock
+async def test_an_arrival_or_abort_is_taken_in_at_the_next_decode_step_boundary() -> None:
+    backend = ModelledBackend(QWEN7B, H800, time_scale=1.0)
+    cost = DecodeCost(QWEN7B, H800)  # (KV tokens of the batch, steps, sequences) -> modelled s
+
+    def prefill(tokens: int) -> float:
+        pairs = attention_pairs(tokens)
+        return prefill_only_s(QWEN7B, H800, tokens, pairs=pairs, longest=pairs)
+
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    first = asyncio.create_task(backend.generate(request("a", 100, 50)))
+    arrival = prefill(100) + cost(100, 10, 1) + 0.5 * cost(110, 1, 1)  # halfway through "a"'s 11th step
+    await asyncio.sleep(arrival)
+    second = await backend.generate(request("b", 10, 5))
+    joined = prefill(100) + cost(100, 11, 1)  # that step ends; "b" is prefilled, then both decode 5 steps
+    assert second.timings["queue_s"] == pytest.approx(joined - arrival, rel=1e-9)
+    done = joined + prefill(10) + cost(111 + 10, 5, 2)
+    assert loop.time() - t0 == pytest.approx(done, rel=1e-9)
+    third = asyncio.create_task(backend.generate(request("c", 10, 30)))  # to join "a" after its next step
+    await asyncio.sleep(0.25 * cost(116, 1, 1))  # a quarter into that step
+    await backend.abort("a")  # "a" leaves when that step (its 17th token) is done, "c" then runs alone
+    out = await first
+    assert (len(out.token_ids), out.finish_reason) == (17, "abort")
+    alone = await third
+    assert alone.timings["modelled_s"] == pytest.approx(prefill(10) + cost(10, 30, 1), rel=1e-9)
+    assert loop.time() - t0 == pytest.approx(done + cost(116, 1, 1) + prefill(10) + cost(10, 30, 1), rel=1e-9)
