@@ -13,12 +13,13 @@ the training is real torch on this machine's CPUs.
 
 Faults (`engine.faults`, seeded): at failure rate p every env reset and step crashes with probability
 0.75·p and hangs (until `env_timeout_s`) with probability 0.25·p; worker gen-0 is killed (its process
-exits) on its `KILL_AFTER`-th request in every run, and Ray restarts it. Redundancy r starts G + r
+exits) on its `kill_after`-th request in every run, and Ray restarts it. Redundancy r starts G + r
 members per group.
 
 Statistics: every (redundancy, rate) runs once per seed (`--rounds` seeds, 5 in the full run, 3 with
-`--quick`: fewer steps and groups per step, only the lowest and highest failure rate, the same G, turns and
-faults), seed by seed with the configurations rotated each seed (`bench.async_runs.run_order`); a seed sets
+`--quick`: one step per run and fewer groups per step, only the lowest and highest failure rate, the same G,
+turns and faults, gen-0 killed on its 20th request, not its 40th, so that the kill falls inside the step),
+seed by seed with the configurations rotated each seed (`bench.async_runs.run_order`); a seed sets
 the fault draws, the env latencies and the sampling. A row is one configuration over its seeds: the
 requirements as totals over its runs (steps_done, steps_asked, lost, partial_groups_trained), the step time as
 the median of the runs' mean step times with a percentile-bootstrap 95% interval (`ci_low`/`ci_high`), the
@@ -46,7 +47,6 @@ from bench import report
 from bench.async_runs import RunSettings, round_seeds, run_order
 
 MODEL, DEVICE = "qwen2.5-7b", "H20"
-KILL_AFTER = 40  # gen-0 dies on this request: inside the first steps of every run
 RATES = (0.0, 0.05, 0.2)
 TOTALS = ("steps_done", "steps_asked", "lost", "partial_groups_trained")  # summed over a row's runs
 # the median per run over a row's runs
@@ -71,6 +71,7 @@ class Settings:
     unit_ms: float = 2.0  # wall ms per modelled second (generation) and per env latency unit
     seed: int = 0
     rounds: int = 5  # runs of every configuration, one per seed
+    kill_after: int = 40  # gen-0 dies on this request: inside the first steps of every run
 
     @property
     def configs(self) -> list[tuple[int, float]]:
@@ -84,7 +85,9 @@ class Settings:
 
 
 FULL = Settings()
-QUICK = replace(FULL, steps=2, batch_groups=2, concurrency=16, rounds=3, rates=(RATES[0], RATES[-1]))
+QUICK = replace(
+    FULL, steps=1, batch_groups=2, concurrency=16, kill_after=20, rounds=3, rates=(RATES[0], RATES[-1])
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +114,7 @@ class LatencySynthetic:
 
 
 async def _workers(s: Settings) -> tuple[list[Any], list[int]]:
-    """Two modelled generation workers (gen-0 dies on its `KILL_AFTER`-th request) and their pids."""
+    """Two modelled generation workers (gen-0 dies on its `s.kill_after`-th request) and their pids."""
     import ray
 
     from engine.rollout.gen_worker import GenerationWorker
@@ -123,7 +126,7 @@ async def _workers(s: Settings) -> tuple[list[Any], list[int]]:
         ray.remote(GenerationWorker)
         .options(max_restarts=4, max_concurrency=1024, num_cpus=0)
         .remote(f"gen-{i}", i, 2, "bandwidth", "gpu-bandwidth",
-                {"backend": backend, "store": None, "run_id": "faults", "kill_after_requests": KILL_AFTER})
+                {"backend": backend, "store": None, "run_id": "faults", "kill_after_requests": s.kill_after})
         for i in range(2)
     ]  # fmt: skip
     return workers, [info["pid"] for info in await asyncio.gather(*(w.ping.remote() for w in workers))]
@@ -368,10 +371,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"G={s.group_size}, {s.batch_groups} groups/step, E={s.concurrency}, {s.turns}-turn synthetic env, "
         f"{s.steps} steps per run, {s.rounds} seeds per row (seed by seed, rows rotated); env failure p: "
         f"crash 0.75p + hang 0.25p per call (hang = {s.env_timeout_s}s timeout); gen-0 killed on request "
-        f"{KILL_AFTER} in every run.\ndone/asked, lost and partial (partial_groups_trained) are totals over "
-        "a row's runs; step_s the median of the runs' mean step times and, in brackets, its bootstrap 95% "
-        "interval; retries, dropped and gen_retry (generation requests retried on the other worker) medians "
-        "per run. Required: "
+        f"{s.kill_after} in every run.\ndone/asked, lost and partial (partial_groups_trained) are totals "
+        "over a row's runs; step_s the median of the runs' mean step times and, in brackets, its bootstrap "
+        "95% interval; retries, dropped and gen_retry (generation requests retried on the other worker) "
+        "medians per run. Required: "
         f"steps_done == steps_asked, lost == 0, partial == 0 in every run: {'MET' if ok else 'NOT MET'}."
     )
     payload = report.publish(
@@ -383,7 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         table=_table(rows),
         clock="wall",
         config={"redundancies": list(s.redundancies), "rates": list(s.rates), "model": MODEL,
-                            "device": DEVICE, "kill_after_requests": KILL_AFTER, "cpus": os.cpu_count()},
+                            "device": DEVICE, "cpus": os.cpu_count()},
         plot=lambda path: _plot(rows, path),
         requirements_met=ok,
         runs=results,

@@ -22,9 +22,11 @@ def test_full_runs_five_seeds_quick_three_of_the_same_workload_scaled_down():
     assert pick_settings(parser().parse_args(["--quick"]), FULL, QUICK) == QUICK
     assert (FULL.rounds, QUICK.rounds) == (5, 3)
     assert QUICK.steps < FULL.steps and QUICK.batch_groups < FULL.batch_groups
+    assert QUICK.kill_after < FULL.kill_after  # a shorter run: gen-0 dies sooner, inside its one step
     # the same G, turns, faults and timings; one batch of envs in both
     assert QUICK.rates == (FULL.rates[0], FULL.rates[-1]) == (0.0, 0.2)  # the rates between are left out
-    scaled = {"steps": FULL.steps, "batch_groups": FULL.batch_groups, "concurrency": FULL.concurrency}
+    scaled = {"steps": FULL.steps, "batch_groups": FULL.batch_groups, "concurrency": FULL.concurrency,
+              "kill_after": FULL.kill_after}  # fmt: skip
     same = replace(QUICK, **scaled, rates=FULL.rates)
     assert replace(same, rounds=FULL.rounds) == FULL
     assert FULL.concurrency == FULL.batch_groups * FULL.group_size
