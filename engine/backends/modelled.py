@@ -11,8 +11,8 @@ read, are not modelled. A request leaves the batch after its number of output to
 ids (`token_id`), log-probs of `LOGPROB` each and the version at admission. Time is real but scaled: the
 engine waits `time_scale` wall seconds per modelled second, so the callers feel the queueing and batching.
 
-Cheap to simulate, and exact at the step: the engine works in *segments*, from one event to the next.
-A segment is the admitted requests' prefill pass and then the decode steps up to the next finish; between
+Cheap to simulate, and exact at the step: each iteration is a *segment*, from one event to the next: the
+admitted requests' prefill pass and then the decode steps up to the next finish; between
 events the batch is fixed and a step's KV grows linearly, so its time is one closed form
 (`decode_steps_s`) and it is taken as one sleep — O(events), not O(steps x batch). An event that comes
 in during a segment (an arrival, an abort, new weights) cuts it at the decode step boundary at or after
