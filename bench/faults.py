@@ -5,16 +5,16 @@ redundant env rollouts. Required in every run: `steps_done == steps_asked`, `los
 Each run drives the real control plane and trainer for `steps` iterations of the six-step protocol: two
 generation workers are Ray actors (ModelledBackend: Qwen2.5-7B on an H20, time scaled to run in seconds)
 behind the LLMProxy; the env loops, scheduler, reward and SampleBuffer run in a RolloutService; a torch
-TrainWorker trains the tiny model on the batches (weights pushed to the workers through Ray). The
-workload is the quickstart's shape on a synthetic env: GRPO groups of G, a few turns per episode, each
-env call sleeping a modelled latency (`LatencyEnv`). Times are wall-clock: generation and env latency
-are modelled and scaled (`unit_ms` wall ms per modelled unit), hangs cost the real `env_timeout_s`, and
-the training is real torch on this machine's CPUs.
+TrainWorker trains the tiny model on the batches (weights pushed to the workers through Ray). The workload
+is the quickstart's shape on a synthetic env: GRPO groups of G, a few turns per episode, each env call
+sleeping a modelled latency (`LatencyEnv`). Times are wall-clock: generation and env latency are modelled
+and scaled (`unit_ms` wall ms per modelled unit), hangs cost the real `env_timeout_s`, and the training
+is real torch on this machine's CPUs.
 
 Faults (`engine.faults`, seeded): at failure rate p every env reset and step crashes with probability
 0.75·p and hangs (until `env_timeout_s`) with probability 0.25·p; worker gen-0 is killed (its process
-exits) on its `kill_after`-th request in every run, and Ray restarts it. Redundancy r starts G + r
-members per group.
+exits) on its `kill_after`-th request in every run, and Ray restarts it (gen-1, never killed, is kept
+from run to run). Redundancy r starts G + r members per group.
 
 Statistics: every (redundancy, rate) runs once per seed (`--rounds` seeds, 5 in the full run, 3 with
 `--quick`: one step per run and fewer groups per step, only the lowest and highest failure rate, the same G,
@@ -113,8 +113,9 @@ class LatencySynthetic:
         return LatencyEnv(SyntheticEnv(self.turns), latency, latency, self.seed + self.made, self.unit_s)
 
 
-async def _workers(s: Settings) -> tuple[list[Any], list[int]]:
-    """Two modelled generation workers (gen-0 dies on its `s.kill_after`-th request) and their pids."""
+async def _workers(s: Settings, kept: list[Any]) -> tuple[list[Any], list[int]]:
+    """Two modelled generation workers (gen-0 dies on its `s.kill_after`-th request) and their pids; gen-1 is
+    the last run's process if `kept` holds it, rebuilt (`Worker.reinit`): a process start less per run."""
     import ray
 
     from engine.rollout.gen_worker import GenerationWorker
@@ -122,14 +123,14 @@ async def _workers(s: Settings) -> tuple[list[Any], list[int]]:
     backend = {
         "kind": "modelled", "model": MODEL, "device": DEVICE, "time_scale": s.unit_ms / 1000, "token_id": 10
     }  # fmt: skip
-    workers = [
-        ray.remote(GenerationWorker)
-        .options(max_restarts=4, max_concurrency=1024, num_cpus=0)
-        .remote(f"gen-{i}", i, 2, "bandwidth", "gpu-bandwidth",
-                {"backend": backend, "store": None, "run_id": "faults", "kill_after_requests": s.kill_after})
-        for i in range(2)
-    ]  # fmt: skip
-    return workers, [info["pid"] for info in await asyncio.gather(*(w.ping.remote() for w in workers))]
+    args = [(f"gen-{i}", i, 2, "bandwidth", "gpu-bandwidth",
+             {"backend": backend, "store": None, "run_id": "faults", "kill_after_requests": s.kill_after})
+            for i in range(2)]  # fmt: skip
+    new = ray.remote(GenerationWorker).options(max_restarts=4, max_concurrency=1024, num_cpus=0)
+    gen1 = kept.pop() if kept else None
+    workers = [new.remote(*args[0]), gen1 or new.remote(*args[1])]
+    first = (workers[0].ping.remote(), gen1.reinit.remote(*args[1]) if gen1 else workers[1].ping.remote())
+    return workers, [info["pid"] for info in await asyncio.gather(*first)]
 
 
 async def _pid(worker: Any, wait_s: float = 60.0) -> int:
@@ -206,21 +207,21 @@ def _counts(stats: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _run_one(s: Settings, redundancy: int, rate: float, model_dir: str) -> dict[str, Any]:
-    """One run of `s.steps` steps on seed `s.seed`, faults at `rate`, `redundancy` spares per group."""
+async def _run_one(s: Settings, redundancy: int, rate: float, tiny: str, kept: list[Any]) -> dict[str, Any]:
+    """One run of `s.steps` steps on seed `s.seed`, faults at `rate`, `redundancy` spares, model `tiny`."""
     import ray
 
     from engine.protocol import Collaborators, IterationProtocol
     from engine.rollout.proxy import GenSlot, LLMProxy
     from engine.train.train_worker import TrainWorker
 
-    workers, pids = await _workers(s)
+    workers, pids = await _workers(s, kept)
     proxy = LLMProxy(
         [GenSlot(f"gen-{i}", "gpu-bandwidth", w, capacity=s.concurrency) for i, w in enumerate(workers)]
     )
-    rollout = _rollout(s, rate, redundancy, model_dir, proxy)
+    rollout = _rollout(s, rate, redundancy, tiny, proxy)
     trainer = TrainWorker("train-0", 0, 1, "compute", "gpu-compute",
-                          {"model_dir": model_dir, "trainer": {"lr": 1e-4, "micro_batch_size": 64},
+                          {"model_dir": tiny, "trainer": {"lr": 1e-4, "micro_batch_size": 64},
                            "store": None, "run_id": "faults"})  # fmt: skip
     collaborators = Collaborators(rollout, proxy, trainer, workers, weights_via_store=False)
     proto = IterationProtocol(collaborators, "rollart", s.batch_groups, get_batch_timeout_s=300)
@@ -229,8 +230,11 @@ async def _run_one(s: Settings, redundancy: int, rate: float, model_dir: str) ->
         restarted = await _pid(workers[0]) != pids[0]
     finally:
         await rollout.stop()
-        for w in workers:
-            ray.kill(w, no_restart=True)
+        ray.kill(workers[0], no_restart=True)
+        if await workers[1].retire.remote():
+            kept.append(workers[1])
+        else:
+            ray.kill(workers[1], no_restart=True)
     return {
         "redundancy": redundancy,
         "failure_rate": rate,
@@ -280,16 +284,16 @@ async def _measure(s: Settings) -> list[list[dict[str, Any]]]:
         model_dir = str(init_model("tiny", Path(tmp) / "model", seed=s.seed))
         init_local_ray(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env={"env_vars": WORKER_ENV})
         try:
-            return await run_plan(s, lambda s_k, r, p: _run_one(s_k, r, p, model_dir))
+            kept: list[Any] = []
+            return await run_plan(s, lambda s_k, r, p: _run_one(s_k, r, p, model_dir, kept))
         finally:
             ray.shutdown()
 
 
 # -- the rows ----------------------------------------------------------------------------------------
 def summarize(runs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
-    """One configuration's runs (one per seed) as a row: the requirement counts summed, the median of the
-    runs' mean step times with its bootstrap 95% interval (over the runs that made a step; None if none
-    did), every other count the median per run."""
+    """A configuration's runs (one per seed) as a row: the requirement counts summed, the median of the
+    runs' mean step times with its bootstrap 95% interval (runs with a step; else None), other medians."""
     steps = [float(r["step_s"]) for r in runs if r["step_s"] is not None]
     step, low, high = report.median_ci(steps, seed) if steps else (None, None, None)
     return {
