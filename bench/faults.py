@@ -19,11 +19,11 @@ from run to run). Redundancy r starts G + r members per group.
 Statistics: every (redundancy, rate) runs once per seed (`--rounds` seeds, 5 in the full run, 3 with
 `--quick`: one step per run and fewer groups per step, only the lowest and highest failure rate, the same G,
 turns and faults, gen-0 killed on its 20th request, not its 40th, so that the kill falls inside the step),
-seed by seed with the configurations rotated each seed (`bench.async_runs.run_order`); a seed sets
-the fault draws, the env latencies and the sampling. A row is one configuration over its seeds: the
-requirements as totals over its runs (steps_done, steps_asked, lost, partial_groups_trained), the step time as
-the median of the runs' mean step times with a percentile-bootstrap 95% interval (`ci_low`/`ci_high`), the
-other counts as medians per run. Columns: lost = members started that never ended with a counted status;
+seed by seed with the configurations rotated each seed (`bench.async_runs.run_order`); a seed sets the
+fault draws, the env latencies and the sampling. A row is one configuration over its seeds: the requirements
+as totals over its runs (steps_done, steps_asked, lost, partial_groups_trained), the step time as the
+median of the runs' mean step times with a percentile-bootstrap 95% interval (`ci_low`/`ci_high`), the other
+counts as medians per run. Columns: lost = members started that never ended with a counted status;
 partial_groups_trained = groups handed to the trainer with fewer than G scored members; retries = members
 refilled + generation requests retried + reward retries; dropped = failed members (each counted with its
 reason: env crash, env timeout); gen_requests_failed = requests gen-0 held when it died (each retried on
@@ -120,9 +120,8 @@ async def _workers(s: Settings, kept: list[Any]) -> tuple[list[Any], list[int]]:
 
     from engine.rollout.gen_worker import GenerationWorker
 
-    backend = {
-        "kind": "modelled", "model": MODEL, "device": DEVICE, "time_scale": s.unit_ms / 1000, "token_id": 10
-    }  # fmt: skip
+    backend = {"kind": "modelled", "model": MODEL, "device": DEVICE, "time_scale": s.unit_ms / 1000,
+               "token_id": 10}  # fmt: skip
     args = [(f"gen-{i}", i, 2, "bandwidth", "gpu-bandwidth",
              {"backend": backend, "store": None, "run_id": "faults", "kill_after_requests": s.kill_after})
             for i in range(2)]  # fmt: skip
@@ -211,6 +210,7 @@ async def _run_one(s: Settings, redundancy: int, rate: float, tiny: str, kept: l
     """One run of `s.steps` steps on seed `s.seed`, faults at `rate`, `redundancy` spares, model `tiny`."""
     import ray
 
+    from engine.core.warm import retired
     from engine.protocol import Collaborators, IterationProtocol
     from engine.rollout.proxy import GenSlot, LLMProxy
     from engine.train.train_worker import TrainWorker
@@ -231,7 +231,7 @@ async def _run_one(s: Settings, redundancy: int, rate: float, tiny: str, kept: l
     finally:
         await rollout.stop()
         ray.kill(workers[0], no_restart=True)
-        if await workers[1].retire.remote():
+        if retired(workers[1].retire.remote()):  # (False if it declined, died or hung)
             kept.append(workers[1])
         else:
             ray.kill(workers[1], no_restart=True)
