@@ -229,6 +229,7 @@ class Experiment:
                 pipeline_parallel=pp,
                 rendezvous=rendezvous() if tp * pp > 1 else None,
                 faults=cfg.faults.model_dump(),
+                batches_dir=str(self.run_dir / "batches") if cfg.train.save_batches else None,
                 **common,
             ).model_dump(),
             namespace=self.namespace,

@@ -134,6 +134,12 @@ class TrainConfig(Strict):
         description="drop (and count) a group whose rewards are all equal — it has no GRPO advantage — "
         "and roll out another in its place",
     )
+    save_batches: bool = Field(
+        False,
+        description="save every training batch (tokens, masks, behaviour log-probs, advantages, rewards, "
+        "versions) and the trainer's config under the run directory's batches/: what each step trained on, "
+        "to inspect or train again (engine/train/batch_log.py)",
+    )
     seed: int = 0
 
     @model_validator(mode="before")

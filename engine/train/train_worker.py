@@ -115,6 +115,10 @@ class TrainWorker(Worker):
         from engine.train.batch import build_train_batch
 
         batch = build_train_batch(groups, max_len=self.args.max_len, pad_token_id=self.pad_id)
+        if self.args.batches_dir and self.trainer.writes:
+            from engine.train.batch_log import save_batch
+
+            save_batch(Path(self.args.batches_dir), version, batch, self.trainer.config)
         metrics = self.trainer.train_step(batch)
         rewards = [m.reward for g in groups for m in g.members if m.reward is not None]
         members = [m for g in groups for m in g.members]

@@ -27,3 +27,6 @@ class TrainWorkerArgs(BaseModel):
     pipeline_parallel: int = Field(1, ge=1)
     rendezvous: str | None = Field(None, description="tcp://host:port where model-parallel ranks meet")
     faults: dict[str, Any] = Field(default_factory=dict, description="FaultsConfig (FaultyTrainWorker)")
+    batches_dir: str | None = Field(
+        None, description="save each training batch here (engine/train/batch_log.py): train.save_batches"
+    )

@@ -40,6 +40,7 @@ def run(tmp_path_factory):
             "tasks.0.max_turns=4",
             "backends.generation=vllm",
             "backends.weight_store=mooncake",
+            "train.save_batches=true",
         ],
     )
     exp = Experiment(cfg)
@@ -71,6 +72,7 @@ def _sampled_run(exp: Experiment):
             "gen_version": ray.get(gen.version.remote()),
             "listeners": seen,
             "gcs": ray.get_runtime_context().gcs_address,
+            "batches": exp.run_dir / "batches",
         }
     finally:
         exp.teardown()
@@ -89,6 +91,20 @@ def test_five_async_iterations_advance_versions_within_the_bound(run):
     # the trainer's publish returned; reported by the same step's publish) and of its pull, and a last poll
     poll = WeightPrefetcher.POLL_S[1] + 1e-3
     assert all(m["exposed_pull_s"] <= m["push_s"] + m["pull_s"] + poll for m in synced)
+
+
+def test_the_run_saves_what_each_step_trained_on(run):
+    """train.save_batches in the product path: the train actor wrote every step's batch under the run
+    directory, and the saved batches show the bound as the metrics do (each sample started at v ≥ n − 1)."""
+    from engine.train.batch_log import load_batch, load_trainer_config
+
+    saved = run["batches"]
+    assert sorted(p.name for p in saved.glob("v*.pt")) == [f"v{v:05d}.pt" for v in range(STEPS)]
+    for version, metrics in enumerate(run["metrics"]):
+        batch = load_batch(saved / f"v{version:05d}.pt")
+        assert len(batch) == 2 * 4  # batch_groups × group_size
+        assert min(batch.start_version) == metrics["min_start_version"] >= version - 1
+    assert load_trainer_config(saved).seed == 0
 
 
 def _role(s: Listener) -> str:

@@ -124,3 +124,30 @@ def test_a_retired_worker_rebuilt_for_another_run_trains_as_a_new_one_would(
     got = [_numbers(used.train_step([group])) for _ in range(2)], used.weights_sha256()
     assert got == want
     assert want[0][0]["loss"] != want[0][1]["loss"]  # the steps moved the weights: a real comparison
+
+
+def test_saved_batches_train_again_as_they_trained(
+    model_dir: str, make_group: Callable[..., Group], tmp_path: Path
+) -> None:
+    """train.save_batches: each step's batch and the trainer's config are saved; a fresh trainer built from
+    them, on the same starting weights, scores the first batch exactly as the worker's first step did."""
+    from engine.train.batch import build_train_batch
+    from engine.train.batch_log import load_batch, load_trainer_config
+    from engine.train.trainer import TorchTrainer
+
+    saved = tmp_path / "batches"
+    config = {"model_dir": model_dir, "run_id": "r", "trainer": {"lr": 1e-3}, "batches_dir": str(saved)}
+    tw = TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
+    first = make_group([(1.0, [TURN]), (0.0, [([10, 11, 12], [30, 31], [-3.0, -3.0], 0)])])
+    second = make_group([(0.0, [TURN]), (1.0, [([10, 11, 12], [40, 41], [-2.0, -2.0], 0)])], group_id="b")
+    losses = [tw.train_step([g])["loss"] for g in (first, second)]
+    assert sorted(p.name for p in saved.iterdir()) == ["trainer.json", "v00000.pt", "v00001.pt"]
+    batch = load_batch(saved / "v00000.pt")
+    built = build_train_batch([first], pad_token_id=tw.pad_id)
+    assert batch.traj_ids == built.traj_ids and batch.versions == built.versions
+    assert all(batch.advantages == built.advantages) and bool((batch.input_ids == built.input_ids).all())
+    cfg = load_trainer_config(saved)
+    assert cfg == tw.trainer.config and cfg.lr == 1e-3
+    again = TorchTrainer(model_dir, cfg).train_step(batch)
+    assert again["loss"] == pytest.approx(losses[0], abs=1e-6)
+    assert load_batch(saved / "v00001.pt").rewards.tolist() == [0.0, 1.0]
