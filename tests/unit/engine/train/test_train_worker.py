@@ -20,9 +20,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(init_model("tiny", tmp_path_factory.mktemp("tw") / "tiny"))
 
 
-def worker(model_dir: str, training: str = "torch", store: object = None, **trainer: object) -> TrainWorker:
+def worker(
+    model_dir: str,
+    training: str = "torch",
+    store: object = None,
+    batches_dir: str | None = None,
+    **trainer: object,
+) -> TrainWorker:
     config = {"model_dir": model_dir, "run_id": "r", "trainer": trainer, "training": training, "store": store}
-    return TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
+    return TrainWorker("train-0", 0, 1, "compute", "gpu-compute", {**config, "batches_dir": batches_dir})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -136,8 +142,7 @@ def test_saved_batches_train_again_as_they_trained(
     from engine.train.trainer import TorchTrainer
 
     saved = tmp_path / "batches"
-    config = {"model_dir": model_dir, "run_id": "r", "trainer": {"lr": 1e-3}, "batches_dir": str(saved)}
-    tw = TrainWorker("train-0", 0, 1, "compute", "gpu-compute", config)
+    tw = worker(model_dir, batches_dir=str(saved), lr=1e-3)
     first = make_group([(1.0, [TURN]), (0.0, [([10, 11, 12], [30, 31], [-3.0, -3.0], 0)])])
     second = make_group([(0.0, [TURN]), (1.0, [([10, 11, 12], [40, 41], [-2.0, -2.0], 0)])], group_id="b")
     losses = [tw.train_step([g])["loss"] for g in (first, second)]
