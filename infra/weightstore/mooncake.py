@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -76,6 +77,43 @@ def _as_array(data: Buffer) -> np.ndarray:
     if arr.size == 0:
         raise ValueError("mooncake cannot store an empty value")
     return arr
+
+
+class _Registrations:
+    """The byte ranges a client has registered with its transfer engine, shared by the client's threads.
+
+    The engine refuses a range that overlaps one it holds (INVALID_PARAMS), and two threads can hand it the
+    same bytes at once: CPython shares one-byte `bytes` objects, so a publisher's `latest` = b"1" and
+    another run's written at the same moment are one address. A range equal to a held one is counted and
+    registered once; one that overlaps a different held range waits until that one is released."""
+
+    def __init__(self, store: MooncakeDistributedStore) -> None:
+        self._store = store
+        self._held: dict[tuple[int, int], int] = {}  # (address, length) -> how many calls use it
+        self._released = threading.Condition()
+
+    def _clashes(self, span: tuple[int, int]) -> bool:
+        start, end = span[0], span[0] + span[1]
+        return any(s != span and s[0] < end and start < s[0] + s[1] for s in self._held)
+
+    @contextlib.contextmanager
+    def hold(self, arr: np.ndarray, op: str, key: str) -> Iterator[int]:
+        """Register `arr`'s bytes for the block (if no other call holds them already); yield its address."""
+        span = (int(arr.ctypes.data), arr.nbytes)
+        with self._released:
+            self._released.wait_for(lambda: not self._clashes(span))
+            if span not in self._held:
+                _check(self._store.register_buffer(*span), f"{op} (register buffer)", key)
+            self._held[span] = self._held.get(span, 0) + 1
+        try:
+            yield span[0]
+        finally:
+            with self._released:
+                self._held[span] -= 1
+                if not self._held[span]:
+                    del self._held[span]
+                    self._store.unregister_buffer(span[0])
+                    self._released.notify_all()
 
 
 @contextlib.contextmanager
@@ -134,20 +172,13 @@ class MooncakeStore(WeightStore):
         self._config.with_hard_pin = True
         # what this client writes lives in its own segment: a reader's node that is lost takes none of it
         self._config.preferred_segment = self._store.get_hostname()
+        self._registrations = _Registrations(self._store)
         self._closed = False
-
-    def _registered(self, arr: np.ndarray, op: str, key: str) -> int:
-        ptr = int(arr.ctypes.data)
-        _check(self._store.register_buffer(ptr, arr.nbytes), f"{op} (register buffer)", key)
-        return ptr
 
     def put(self, key: str, data: Buffer) -> None:
         arr = _as_array(data)
-        ptr = self._registered(arr, "put", key)
-        try:
+        with self._registrations.hold(arr, "put", key) as ptr:
             _check(self._store.upsert_from(key, ptr, arr.nbytes, self._config), "put", key)
-        finally:
-            self._store.unregister_buffer(ptr)
 
     def get(self, key: str) -> Buffer:
         out = np.empty(_check(self._store.get_size(key), "get", key), dtype=np.uint8)
@@ -165,11 +196,8 @@ class MooncakeStore(WeightStore):
 
     def _read(self, key: str, arr: np.ndarray, op: str) -> None:
         """Read `key`'s value, of `arr.nbytes` bytes, into `arr` through the zero-copy path."""
-        ptr = self._registered(arr, op, key)
-        try:
+        with self._registrations.hold(arr, op, key) as ptr:
             got = _check(self._store.get_into(key, ptr, arr.nbytes), op, key)
-        finally:
-            self._store.unregister_buffer(ptr)
         if got != arr.nbytes:
             raise WeightStoreError(
                 f"mooncake {op} {key!r}: read {got} bytes, expected {arr.nbytes} (overwritten?)"

@@ -1,6 +1,7 @@
 """Mooncake store on a local master: a real model's weights published and prefetched, store semantics."""
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -139,6 +140,29 @@ def test_values_live_in_the_writers_segment_so_a_lost_reader_takes_none(master: 
     reader.close()  # its segment is unmounted: anything placed there is gone
     assert all(bytes(writer.get(f"w/v1/{i}")) == bytes([i]) * MiB for i in range(16))
     writer.close()
+
+
+def test_threads_writing_and_reading_the_same_bytes_at_once(master: MooncakeMaster) -> None:
+    """The transfer engine refuses a registered range that overlaps one it holds; a publisher's thread and
+    the caller's can hand it the same bytes at once (CPython shares one-byte `bytes`, so two runs' `latest`
+    = b"1" are one address, as in the last test): every put and read still goes through, once each."""
+    store = client(master, segment_bytes=16 * MiB)
+    shared, half = bytes(range(256)) * 1024, 128 * 1024
+    reads = [memoryview(bytearray(len(shared))) for _ in range(8)]
+
+    def work(i: int) -> None:  # the same `shared` and b"1" in every thread; reads into overlapping buffers
+        for n in range(40):
+            store.put(f"t{i}/latest/{n}", b"1")
+            store.put(f"t{i}/all", shared)
+            store.put(f"t{i}/half", shared[:half])
+            store.get_into(f"t{i}/all", reads[i])
+            store.get_into(f"t{i}/half", reads[(i + 1) % 8][:half])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    assert all(bytes(store.get(f"t{i}/latest/{n}")) == b"1" for i in range(8) for n in range(40))
+    assert all(bytes(r) == shared for r in reads)
+    store.close()
 
 
 def test_a_released_client_serves_the_next_run_on_the_same_master_and_only_there(
