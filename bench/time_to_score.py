@@ -55,6 +55,7 @@ from bench.time_to_score_rows import (
     table,
     time_to_target,
 )
+from bench.time_to_score_rows import headline as headline  # `rollart bench all` reads it here
 from engine.modes import policy
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class Settings:
     target: float | None = None
     fixed_steps: bool = False  # True: every mode `steps` steps; False: sync+'s wall time for them
     overrides: Sequence[str] = ()  # config fields set for every run, as `rollart train --set`
+    batches_to: str | None = None  # every run saves its batches (train.save_batches) to DIR/<run name>
 
 
 FULL = Settings()
@@ -163,6 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a config field set for every run (repeatable), e.g. train.drop_uniform_groups=true",
     )
+    add("--batches-to", metavar="DIR", help="keep each run's training batches in DIR/<run> (rollart replay)")
     add(
         "--target",
         type=report.at_least(float, 0),
@@ -208,6 +211,7 @@ def run_config(
             f"tasks.0.eval_problems={s.eval_problems}",
             *s.overrides,
             *_layout(layout),
+            *(["train.save_batches=true"] if s.batches_to else []),
         ],
     )
 
@@ -273,6 +277,8 @@ def _train(
         points, phases = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s))
     finally:
         exp.teardown()
+    if s.batches_to:  # the run's directory is temporary
+        shutil.move(exp.run_dir / "batches", Path(s.batches_to) / cfg.name)
     print(
         f"{setting} {layout} {mode} α={alpha} seed {seed}: {len(phases)} steps in "
         f"{points[-1]['train_wall_s']:.0f} s",
@@ -289,20 +295,6 @@ def _train(
         "points": points,
         "phases": phases,
     }
-
-
-def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """rollart α=1's time to the target, sync+'s median / its, per setting and layout (paper: 2.05×); and
-    beside it the step time's ratio, the part of that speedup that stepping faster alone would give."""
-    ours = [o for o in payload["summary"] if (o["mode"], o["alpha"]) == ("rollart", 1)]
-    rows = []
-    for o in ours:
-        where = f"sync+ / rollart α=1 ({o['setting']} envs, {o['layout']} cores)"
-        rows += [
-            report.headline_row(f"time to target, {where}", o["speedup_vs_sync_plus"], paper=2.05),
-            report.headline_row(f"step time, {where}", o["step_speedup_vs_sync_plus"]),
-        ]
-    return rows
 
 
 def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
@@ -350,6 +342,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         s, runs, before = pooled(args.pool, Settings, args.target)
     else:
         s = report.pick_settings(args, FULL, QUICK)
+        if any(o.startswith("train.save_batches=") for o in s.overrides):
+            raise SystemExit(
+                "--set train.save_batches: a run's directory here is temporary; use --batches-to DIR"
+            )
         runs, before = _train_and_score(s)
     for r in runs:
         r["before"] = before

@@ -17,7 +17,9 @@ from typing import Any
 
 RUN_KEYS = ("setting", "layout", "mode", "alpha", "seed")
 ALLOWED = ("target",)  # the options a pooled call may still give: a target fixed before pooling
-FREE = ("seeds", "target")  # settings the files may differ in (a file's target is its own call's)
+# settings the files may differ in: a file's target is its own call's; where it put its runs' batches
+# (--batches-to) changes nothing in them, and a pooled call saves none
+FREE = ("seeds", "target", "batches_to")
 
 
 def _tuples(value: Any) -> Any:
@@ -63,6 +65,6 @@ def pooled(
             runs.append(run)
     if first is None:
         raise SystemExit("--pool needs at least one file")
-    settings = {name: _tuples(first[name]) for name in names}
+    settings = {name: _tuples(first[name]) for name in names if name not in FREE}
     settings |= {"seeds": tuple(sorted({run["seed"] for run in runs})), "target": target}
     return settings_cls(**settings), runs, float(first["before"])

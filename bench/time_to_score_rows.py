@@ -166,3 +166,17 @@ def plot(runs: list[dict[str, Any]], target: float, path: str | None) -> str:
         ax.set(xlabel="training wall time (s)", ylabel="held-out success", title=f"{setting}, {layout}")
         ax.legend(fontsize=7)
     return report.save_figure(fig, path, "time_to_score.png")
+
+
+def headline(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """rollart α=1's time to the target, sync+'s median / its, per setting and layout (paper: 2.05×); and
+    beside it the step time's ratio, the part of that speedup that stepping faster alone would give."""
+    ours = [o for o in payload["summary"] if (o["mode"], o["alpha"]) == ("rollart", 1)]
+    rows = []
+    for o in ours:
+        where = f"sync+ / rollart α=1 ({o['setting']} envs, {o['layout']} cores)"
+        rows += [
+            report.headline_row(f"time to target, {where}", o["speedup_vs_sync_plus"], paper=2.05),
+            report.headline_row(f"step time, {where}", o["step_speedup_vs_sync_plus"]),
+        ]
+    return rows

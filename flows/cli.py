@@ -176,6 +176,21 @@ def _add_eval(sub: _Commands) -> None:
     ev.set_defaults(func=_eval)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from bench.replay import run
+
+    run(args)
+    return 0
+
+
+def _add_replay(sub: _Commands) -> None:
+    from bench.replay import add_arguments
+
+    replay = sub.add_parser("replay", help="train the untrained model again on runs' saved batches, scored")
+    add_arguments(replay)
+    replay.set_defaults(func=_replay)
+
+
 def _add_deploy(sub: _Commands) -> None:
     dep = sub.add_parser("deploy", help="serve a scheduled deployment: each run resumes and trains further")
     dep.add_argument("file")
@@ -283,6 +298,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_config,
         _add_train,
         _add_eval,
+        _add_replay,
         _add_deploy,
         _add_node,
         _add_k8s,

@@ -329,3 +329,21 @@ def test_pooling_refuses_files_that_do_not_belong_together_and_options_it_cannot
     (tmp_path / "other.json").write_text('{"rows": []}')
     with pytest.raises(SystemExit, match=r"other\.json: not a `bench time-to-score --json` file"):
         _call(monkeypatch, tmp_path, ["--pool", str(tmp_path / "other.json")])
+
+
+def test_batches_to_makes_every_run_save_its_batches_and_a_save_left_in_a_temporary_run_is_refused(
+    monkeypatch, tmp_path
+):
+    parser = argparse.ArgumentParser()
+    tts.add_arguments(parser)
+    s = report.pick_settings(parser.parse_args(["--batches-to", str(tmp_path)]), tts.FULL, tts.QUICK)
+    assert tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path, 7).train.save_batches
+    assert not tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path, 7).train.save_batches
+    with pytest.raises(SystemExit, match="use --batches-to DIR"):
+        _call(monkeypatch, tmp_path, ["--set", "train.save_batches=true"])
+    files = [str(tmp_path / f"s{seed}.json") for seed in (0, 1)]
+    for seed, path in enumerate(files):  # each call kept its batches somewhere else: they still pool
+        _call(monkeypatch, tmp_path, ["--seeds", str(seed), "--batches-to", f"b{seed}", "--json", path])
+    assert _call(monkeypatch, tmp_path, ["--pool", *files])["config"]["batches_to"] is None
+    with pytest.raises(SystemExit, match="--batches-to would change nothing"):
+        _call(monkeypatch, tmp_path, ["--pool", *files, "--batches-to", "b2"])

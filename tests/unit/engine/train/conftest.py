@@ -1,14 +1,12 @@
-"""Tiny models and hand-made trajectories for the training tests (no hub, no tokenizer)."""
+"""Tiny models for the training tests (no hub, no tokenizer); `make_group` is in tests/conftest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
-
-from engine.types import Group, Trajectory, TrajStatus, Turn
 
 VOCAB = 64
 
@@ -30,32 +28,5 @@ def tiny_model() -> Callable[..., PreTrainedModel]:
         )
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config)
-
-    return build
-
-
-@pytest.fixture
-def make_group() -> Callable[..., Group]:
-    """Factory: a DONE group from `(reward, turns)` pairs.
-
-    A turn is `(obs_ids, action_ids, action_logprobs, version)`.
-    """
-
-    def build(
-        members: Sequence[tuple[float | None, Sequence[tuple[list[int], list[int], list[float], int]]]],
-        group_id: str = "g0",
-        task: str = "toy",
-    ) -> Group:
-        trajs = []
-        for i, (reward, turns) in enumerate(members):
-            traj = Trajectory(traj_id=f"{group_id}-{i}", group_id=group_id, task=task, seed=0, reward=reward)
-            traj.turns = [
-                Turn(observation="", obs_ids=o, action_text="", action_ids=a, action_logprobs=lp, version=v)
-                for o, a, lp, v in turns
-            ]
-            traj.start_version = traj.turns[0].version if traj.turns else -1
-            traj.status = TrajStatus.DONE
-            trajs.append(traj)
-        return Group(group_id=group_id, task=task, seed=0, size=len(trajs), members=trajs)
 
     return build
