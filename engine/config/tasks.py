@@ -93,6 +93,15 @@ class TaskConfig(Strict):
         return v
 
     @model_validator(mode="after")
+    def _attempts_fit(self) -> TaskConfig:
+        attempts = self.env_args.get("attempts", 1)
+        if isinstance(attempts, int) and attempts > self.max_turns:
+            raise ValueError(
+                f"env_args.attempts: {attempts} answers need max_turns >= {attempts}, not {self.max_turns}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _eval_split(self) -> TaskConfig:
         if self.eval_samples > 1 and self.eval_temperature == 0:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""reasoning-gym procedural datasets as single-turn tasks (one question, one scored answer).
+"""reasoning-gym procedural datasets as tasks: one question, one scored answer (or a few tries at it).
 
 Few turns and long chains of thought make these the decode-heavy tasks (paper §4). Datasets are
 generated offline from a seed; each is built once per process and shared by every env with the same
@@ -74,6 +74,12 @@ class ReasoningGymEnv(Env):
     whatever the reward; `info["lenient"]` says whether the right answer appears anywhere in the
     output (did the model know it, whatever the format), and
     `info["partial"]` is the graded score. `**dataset_config` goes to the dataset's config class.
+
+    `attempts > 1` makes it multi-turn: a wrong answer with attempts left gets "That is not right. Try
+    again." (and the format line) and the episode goes on, so its length is the answers it took: one for a
+    problem the policy knows, up to `attempts` for one it does not. The reward and `success` are the last
+    answer's (a problem solved at the third try earns what one solved at once does); `info["attempt"]`
+    says which answer that was. The task's `max_turns` must allow them all (engine/config/tasks.py).
     """
 
     name = "reasoning_gym"
@@ -89,9 +95,14 @@ class ReasoningGymEnv(Env):
         partial_credit: bool = False,
         format_reward: float = 0.0,
         answer_format: AnswerFormat = "tags",
+        attempts: int = 1,
         **dataset_config: Any,
     ) -> None:
         check_split(split, eval_fraction)
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        self.attempts = attempts
+        self._tries = 0
         if answer_format not in _FORMAT_LINES:
             raise unknown_choice("answer_format", answer_format, sorted(_FORMAT_LINES))
         self.answer_format = answer_format
@@ -129,13 +140,14 @@ class ReasoningGymEnv(Env):
 
     async def reset(self, seed: int) -> str:
         self._entry = self._data[self.entry_index(seed)]
+        self._tries = 0
         return f"{self._entry['question']}\n{self._format_line}"
 
     async def step(self, action: str) -> EnvStep:
         entry = self._entry
         if entry is None:
             raise RuntimeError("ReasoningGymEnv: step() needs an episode in progress; call reset() first")
-        self._entry = None
+        self._tries += 1
         answer = str(entry["answer"]).strip()
         given, formatted = self._read(action)
         info: dict[str, Any] = {"answer": entry["answer"]}
@@ -146,6 +158,10 @@ class ReasoningGymEnv(Env):
             info["score_error"] = f"{type(e).__name__}: {e}"
         exact = given == answer
         info.update(success=exact, lenient=_mentions(action, answer), partial=partial, formatted=formatted)
+        info["attempt"] = self._tries
+        if not exact and self._tries < self.attempts:
+            return EnvStep(f"That is not right. Try again.\n{self._format_line}", 0.0, False, info)
+        self._entry = None
         reward = (partial if self.partial_credit else float(exact)) + self.format_reward * formatted
         return EnvStep("", reward, True, info)
 

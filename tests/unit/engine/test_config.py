@@ -110,6 +110,18 @@ def test_evaluation_settings_without_a_held_out_split_behind_them_are_refused(ta
     assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
 
 
+def test_more_attempts_than_turns_are_refused_as_answers_no_episode_reaches():
+    task = {
+        "env": "reasoning_gym",
+        "env_args": {"dataset": "basic_arithmetic", "attempts": 3},
+        "max_turns": 2,
+    }
+    with pytest.raises(ConfigError) as e:
+        load_config(data={"tasks": [task]})
+    assert e.value.problems == ["tasks[0]: env_args.attempts: 3 answers need max_turns >= 3, not 2"]
+    assert load_config(data={"tasks": [{**task, "max_turns": 3}]}).tasks[0].env_args["attempts"] == 3
+
+
 def test_weight_store_bytes_need_the_mooncake_store():
     with pytest.raises(ConfigError, match="weight_store_bytes sizes the Mooncake store"):
         load_config(FROZENLAKE, ["backends.weight_store=ray", "backends.weight_store_bytes=1073741824"])

@@ -30,7 +30,14 @@ async def test_correct_answer_scores_one_and_ends_episode():
     assert obs.startswith("Calculate 5 - 3 - 6.")  # = -4
     step = await env.step("5 - 3 = 2, 2 - 6 = -4. <answer> -4 </answer>")
     assert (step.reward, step.done) == (1.0, True)
-    assert step.info == {"answer": "-4", "success": True, "lenient": True, "partial": 1.0, "formatted": True}
+    assert step.info == {
+        "answer": "-4",
+        "success": True,
+        "lenient": True,
+        "partial": 1.0,
+        "formatted": True,
+        "attempt": 1,
+    }
     await env.reset(0)
     assert (await env.step("  -4\n")).reward == 1.0  # no tag: the stripped text
 
@@ -175,3 +182,23 @@ def test_bad_config_names_the_argument():
         ReasoningGymEnv("chain_sum", size=3, min_terms=5, max_terms=2)
     with pytest.raises(ValueError, match="size"):
         ReasoningGymEnv("chain_sum", size=0)
+
+
+async def test_attempts_give_a_wrong_answer_another_try_until_they_run_out():
+    env = ReasoningGymEnv("basic_arithmetic", size=5, dataset_seed=1, attempts=3)
+    question = await env.reset(0)  # 5 - 3 - 6 = -4
+    tries = [await env.step(f"<answer>{a}</answer>") for a in ("2", "-5", "-4")]
+    assert [(t.reward, t.done, t.info["attempt"], t.info["success"]) for t in tries] == [
+        (0.0, False, 1, False), (0.0, False, 2, False), (1.0, True, 3, True),
+    ]  # fmt: skip
+    assert tries[0].observation == f"That is not right. Try again.\n{FORMAT}"
+    assert await env.reset(0) == question
+    first = await env.step("<answer>-4</answer>")
+    assert (first.reward, first.done, first.info["attempt"]) == (1.0, True, 1)  # a new episode counts afresh
+    await env.reset(0)
+    last = [await env.step("<answer>7</answer>") for _ in range(3)][-1]
+    assert (last.reward, last.done, last.info["attempt"]) == (0.0, True, 3)
+    with pytest.raises(RuntimeError, match="needs an episode"):
+        await env.step("<answer>-4</answer>")
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        ReasoningGymEnv("basic_arithmetic", size=5, attempts=0)
