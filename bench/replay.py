@@ -161,9 +161,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"held-out exact success on {s.eval_problems} questions: untrained {before:.3f}, best constant "
         f"answer {baseline:.3f}. Each schedule from the untrained weights with a new optimiser.\n"
     )
+    steps = sorted({step for c in curves for step in c["held_out"]})  # schedules differ in length
     table = [
-        {"schedule": c["schedule"], **{f"step {k}": f"{v:.3f}" for k, v in c["held_out"].items()}}
-        for c in curves
+        {"schedule": c["schedule"], **{f"step {k}": c["held_out"].get(k, "—") for k in steps}} for c in curves
     ]
     report.print_table("Replayed batches", table, note)
     payload = {

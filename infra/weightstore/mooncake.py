@@ -14,6 +14,8 @@ Things to know (measured on mooncake 0.3.13):
 - A read holds a lease (master flag `default_kv_lease_ttl`) that must outlast the slowest read, and
   blocks a plain remove; `delete` forces removal, so only delete versions nobody reads anymore.
 - `MC_TCP_BIND_ADDRESS` picks the address a client advertises to peers (its node's address here).
+- The transfer engine refuses to register bytes that overlap a range it holds (INVALID_PARAMS), and two
+  threads of one client can hand it the same bytes: `_Registrations` counts a range held twice.
 """
 
 from __future__ import annotations
