@@ -263,6 +263,9 @@ def _train(
 
     max_steps = s.steps if budget_s is None else STEP_CAP * s.steps
     cfg = run_config(s, setting, layout, mode, alpha, seed, root, max_steps)
+    kept = Path(s.batches_to) / cfg.name if s.batches_to else None
+    if kept is not None and kept.exists():  # checked before the run: another call's batches stay whole
+        raise SystemExit(f"--batches-to: {kept} exists; give another DIR")
     exp = Experiment(cfg, warm=warm)
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, seed * 100_000)
@@ -277,8 +280,9 @@ def _train(
         points, phases = asyncio.run(_drive(exp, s, root / "checkpoints" / cfg.name, max_steps, budget_s))
     finally:
         exp.teardown()
-    if s.batches_to:  # the run's directory is temporary
-        shutil.move(exp.run_dir / "batches", Path(s.batches_to) / cfg.name)
+    if kept is not None:  # the run's directory is temporary
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(exp.run_dir / "batches", kept)
     print(
         f"{setting} {layout} {mode} α={alpha} seed {seed}: {len(phases)} steps in "
         f"{points[-1]['train_wall_s']:.0f} s",

@@ -339,6 +339,9 @@ def test_batches_to_makes_every_run_save_its_batches_and_a_save_left_in_a_tempor
     s = report.pick_settings(parser.parse_args(["--batches-to", str(tmp_path)]), tts.FULL, tts.QUICK)
     assert tts.run_config(s, "waiting", "split", "rollart", 1, 2, tmp_path, 7).train.save_batches
     assert not tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path, 7).train.save_batches
+    (tmp_path / "tts-waiting-split-rollart-a1-s2").mkdir()  # an earlier call's: refused before training
+    with pytest.raises(SystemExit, match="tts-waiting-split-rollart-a1-s2 exists"):
+        tts._train(s, "waiting", "split", "rollart", 1, 2, tmp_path / "work")
     with pytest.raises(SystemExit, match="use --batches-to DIR"):
         _call(monkeypatch, tmp_path, ["--set", "train.save_batches=true"])
     files = [str(tmp_path / f"s{seed}.json") for seed in (0, 1)]
