@@ -22,11 +22,14 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import report
 from bench.checkpoint_scores import HeldOutScorer
 from bench.time_to_score import Settings
+
+if TYPE_CHECKING:
+    from engine.train.trainer import TrainerConfig
 
 LOGGED = ("loss", "clip_frac", "ratio_mean", "grad_norm")  # per replayed step, from the trainer's stats
 
@@ -81,7 +84,7 @@ def batch_path(directory: Path, step: int) -> Path:
     return directory / f"v{step - 1:05d}.pt"
 
 
-def trainer_config(order: list[tuple[str, int]], runs: dict[str, Path]) -> Any:
+def trainer_config(order: list[tuple[str, int]], runs: dict[str, Path]) -> TrainerConfig:
     """The trainer config every run in the schedule saved its batches with; refused if they differ."""
     from engine.train.batch_log import load_trainer_config
 
@@ -131,18 +134,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.evaluate import majority_baseline
     from engine.experiment import Experiment
 
-    runs = sources(args.batches)
-    orders = {text: schedule(text, runs) for text in args.schedule}
-    for order in orders.values():
-        trainer_config(order, runs)  # refused before any training
+    try:  # every item read and refused, naming it, before any training
+        runs = sources(args.batches)
+        orders = {text: schedule(text, runs) for text in args.schedule}
+        for order in orders.values():
+            trainer_config(order, runs)
+    except ValueError as e:
+        raise SystemExit(f"replay: {e}") from None
     s = Settings(config=args.file, overrides=tuple(args.overrides), eval_problems=args.eval_problems)
     cfg = load_config(Path(args.file), [*s.overrides, f"tasks.0.eval_problems={s.eval_problems}"])
     baseline = asyncio.run(majority_baseline(task_specs(cfg)[0]))["success"]
     scorer, rows, curves = HeldOutScorer(s), [], []
     with asyncio.Runner() as scoring, tempfile.TemporaryDirectory(prefix="rollart-replay-") as tmp:
-        model_dir = Experiment(
-            cfg, run_dir=Path(tmp) / "run"
-        ).prepare_model()  # the run's own starting weights
+        model_dir = Experiment(cfg, run_dir=Path(tmp) / "run").prepare_model()  # the runs' starting weights
         try:
             before = scoring.run(scorer.scores([model_dir]))[model_dir]
             for i, (text, order) in enumerate(orders.items()):
