@@ -8,8 +8,9 @@ temperature and CPU threads, in float32, every completion of a step trained in o
   the rollout actor; modes `sync` (rollout, then training, on all cores) and `rollart` (α = 1: rollout on
   one core while training on the other), and with waiting envs also `rollart` at α = 2: there rollout is the
   longer phase, and at α = 1 a batch may start only once the weights one version behind the step it
-  feeds are out, so the step lasts about (rollout + train) / 2; α = 2 lets three batches overlap
-  (about (rollout + train) / 3), each trained sample started at most two versions back.
+  feeds are out, i.e. when the step before it starts training, so a step lasts at least the rollout;
+  α = 2 lets a batch start two steps ahead (a step at least max(train, rollout / 2)), each trained sample
+  started at most two versions back.
 
 Models: `tiny` (`rollart model init --size tiny`: a 333k-parameter Qwen2 with a local tokenizer; 8 prompts x
 8 x 24 tokens) and `smollm2` (SmolLM2-135M-Instruct from its GGUF; 4 x 8 x 48). Settings: `single-turn`
