@@ -193,6 +193,10 @@ def _layout(layout: str) -> list[str]:
     return [f"resources.pools={json.dumps(pools)}"]
 
 
+def run_name(setting: str, layout: str, mode: str, alpha: int, seed: int) -> str:
+    return f"tts-{setting}-{layout}-{mode.replace('+', 'plus')}-a{alpha}-s{seed}"
+
+
 def run_config(
     s: Settings, setting: str, layout: str, mode: str, alpha: int, seed: int, root: Path, steps: int
 ) -> ExperimentConfig:
@@ -202,7 +206,7 @@ def run_config(
     return load_config(
         Path(s.config),
         [
-            f"name=tts-{setting}-{layout}-{mode.replace('+', 'plus')}-a{alpha}-s{seed}",
+            f"name={run_name(setting, layout, mode, alpha, seed)}",
             f"run_root={root / 'runs'}",
             f"train.mode={mode}",
             f"train.alpha={alpha}",
@@ -264,8 +268,6 @@ def _train(
     max_steps = s.steps if budget_s is None else STEP_CAP * s.steps
     cfg = run_config(s, setting, layout, mode, alpha, seed, root, max_steps)
     kept = Path(s.batches_to) / cfg.name if s.batches_to else None
-    if kept is not None and kept.exists():  # checked before the run: another call's batches stay whole
-        raise SystemExit(f"--batches-to: {kept} exists; give another DIR")
     exp = Experiment(cfg, warm=warm)
     env_factory = (
         LatencyEnvs(s.wait_ms, s.wait_sigma_ms, seed * 100_000)
@@ -307,6 +309,10 @@ def _train_and_score(s: Settings) -> tuple[list[dict[str, Any]], float]:
 
     from engine.core.warm import WarmWorkers
 
+    if s.batches_to:  # checked before any run trains: another call's batches stay whole
+        for setting, layout, seed, (mode, alpha) in itertools.product(s.settings, s.layouts, s.seeds, s.runs):
+            if (kept := Path(s.batches_to) / run_name(setting, layout, mode, alpha, seed)).exists():
+                raise SystemExit(f"--batches-to: {kept} exists; give another DIR")
     runs: list[dict[str, Any]] = []
     before: float | None = None
     scorer = HeldOutScorer(s)

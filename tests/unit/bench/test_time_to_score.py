@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 
 import pytest
 
@@ -341,7 +342,7 @@ def test_batches_to_makes_every_run_save_its_batches_and_a_save_left_in_a_tempor
     assert not tts.run_config(tts.FULL, "waiting", "split", "rollart", 1, 2, tmp_path, 7).train.save_batches
     (tmp_path / "tts-waiting-split-rollart-a1-s2").mkdir()  # an earlier call's: refused before training
     with pytest.raises(SystemExit, match="tts-waiting-split-rollart-a1-s2 exists"):
-        tts._train(s, "waiting", "split", "rollart", 1, 2, tmp_path / "work")
+        tts._train_and_score(dataclasses.replace(s, seeds=(0, 1, 2), runs=(("sync+", 0), ("rollart", 1))))
     with pytest.raises(SystemExit, match="use --batches-to DIR"):
         _call(monkeypatch, tmp_path, ["--set", "train.save_batches=true"])
     files = [str(tmp_path / f"s{seed}.json") for seed in (0, 1)]
